@@ -1,0 +1,53 @@
+"""gdask: iterative machine-learning loops on GPUs (or emulated devices) with Dask.
+
+Importing gdask is cheap and never touches CUDA: the public names below are loaded on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from gdask import _config  # noqa: F401  (registers gdask.yaml defaults with dask.config)
+from gdask._errors import DeviceMemoryError, GDaskWarning, NoDeviceError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DeviceMemoryError",
+    "GDaskWarning",
+    "GDataSet",
+    "LocalGPUCluster",
+    "NoDeviceError",
+    "from_array",
+    "from_dask_array",
+    "from_dataframe",
+    "info",
+    "ml",
+    "__version__",
+]
+
+_lazy = {
+    "GDataSet": ("gdask.gdataset", "GDataSet"),
+    "from_array": ("gdask.gdataset", "from_array"),
+    "from_dask_array": ("gdask.gdataset", "from_dask_array"),
+    "from_dataframe": ("gdask.gdataset", "from_dataframe"),
+    "LocalGPUCluster": ("gdask._cluster", "LocalGPUCluster"),
+    "info": ("gdask._info", "info"),
+    "ml": ("gdask.ml", None),
+}
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _lazy[name]
+    except KeyError:
+        raise AttributeError(f"module 'gdask' has no attribute {name!r}") from None
+    mod = importlib.import_module(module)
+    value = mod if attr is None else getattr(mod, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

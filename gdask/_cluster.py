@@ -1,0 +1,114 @@
+"""LocalGPUCluster: a LocalCluster with one worker process per (GPU or emulated) device."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from distributed import LocalCluster
+
+from gdask import _config
+from gdask._devices import DeviceSpec, make_specs
+from gdask._worker import DeviceSetup
+
+__all__ = ["LocalGPUCluster"]
+
+
+class LocalGPUCluster(LocalCluster):
+    """A local Dask cluster with one worker process per device.
+
+    With CUDA GPUs each worker sees one GPU (``CUDA_VISIBLE_DEVICES``) and routes CuPy allocations
+    through an RMM pool; without, each worker owns an emulated device (a NumPy memory pool with a
+    byte budget, optional speed and bandwidth), so the same code runs on a laptop.
+
+    Parameters
+    ----------
+    n_devices : int, optional
+        Number of devices (= worker processes). Default: every GPU, or config
+        ``gdask.emulated.n-devices`` (2) emulated devices.
+    backend : {"auto", "cuda", "emulated"}
+        "auto" uses CUDA where a driver and a device exist.
+    device_memory : int or str, optional
+        Memory per device ("2GiB"). Emulated: the pool budget (default config, 4 GiB). CUDA: a cap.
+    device_speeds : list of float, optional
+        Relative speed per emulated device (1.0 = full speed, 0.5 = half).
+    bandwidth : int or str, optional
+        Emulated host<->device bandwidth in bytes/s ("2GB").
+    streams : int, optional
+        Streams (threads) per device worker; default config ``gdask.device.streams``.
+    rmm_pool_size : int, float or str, optional
+        RMM pool per CUDA worker; default config ``gdask.cuda.rmm-pool-size`` (0.8 of the device).
+    **kwargs
+        Passed to :class:`distributed.LocalCluster` (``dashboard_address``, ``memory_limit``, ...).
+
+    Examples
+    --------
+    >>> from distributed import Client
+    >>> with gdask.LocalGPUCluster(n_devices=2, backend="emulated") as cluster, Client(cluster) as client:
+    ...     X = gdask.from_array(np.ones((1000, 4)))
+    """
+
+    def __init__(
+        self,
+        n_devices: int | None = None,
+        *,
+        backend: str = "auto",
+        device_memory: int | str | None = None,
+        device_speeds: list[float] | None = None,
+        bandwidth: int | str | None = None,
+        streams: int | None = None,
+        rmm_pool_size: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        for bad in ("n_workers", "threads_per_worker", "processes", "worker_class"):
+            if bad in kwargs:
+                raise TypeError(
+                    f"LocalGPUCluster sets {bad!r} itself (one worker process per device); "
+                    "use n_devices= and streams= instead"
+                )
+        self.device_specs: list[DeviceSpec] = make_specs(
+            n_devices, backend=backend, device_memory=device_memory, device_speeds=device_speeds,
+            bandwidth=bandwidth, streams=streams,
+        )
+        self.backend = self.device_specs[0].backend
+        self._spec_by_name = {i: s for i, s in enumerate(self.device_specs)}
+        pool = rmm_pool_size if rmm_pool_size is not None else _config.get("cuda.rmm-pool-size")
+        self._device_plugin = DeviceSetup(self._spec_by_name, rmm_pool_size=pool)
+        streams = self.device_specs[0].streams
+        kwargs.setdefault("silence_logs", "error")
+        super().__init__(n_workers=0, threads_per_worker=streams, processes=True, **kwargs)
+        self.scale(len(self.device_specs))
+        self.sync(self._correct_state)
+
+    def new_worker_spec(self) -> dict[Any, dict[str, Any]]:
+        free = [i for i in self._spec_by_name if i not in self.worker_spec]
+        if not free:
+            raise ValueError(
+                f"LocalGPUCluster has {len(self.device_specs)} devices and cannot scale beyond them"
+            )
+        name = free[0]
+        spec = copy.deepcopy(self.new_spec)
+        dev = self._spec_by_name[name]
+        env = dict(spec["options"].get("env") or {})
+        if dev.backend == "cuda":
+            env["CUDA_VISIBLE_DEVICES"] = str(dev.physical)
+        spec["options"]["env"] = env
+        plugins = set(spec["options"].get("plugins") or ())
+        plugins.add(self._device_plugin)
+        spec["options"]["plugins"] = plugins
+        spec["options"]["resources"] = {"GPU": 1}
+        return {name: spec}
+
+    def _repr_html_(self, cluster_status=None) -> str:
+        rows = "".join(
+            f"<tr><td>{s.index}</td><td>{s.backend}</td><td>{s.name}</td><td>{s.memory / 2**30:.2f} GiB</td>"
+            f"<td>{s.speed:g}</td></tr>"
+            for s in self.device_specs
+        )
+        table = (
+            "<table><tr><th>device</th><th>backend</th><th>name</th><th>memory</th><th>speed</th></tr>"
+            f"{rows}</table>"
+        )
+        return f"<div><strong>gdask LocalGPUCluster</strong> ({self.backend})</div>{table}" + super()._repr_html_(
+            cluster_status=cluster_status
+        )

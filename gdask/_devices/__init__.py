@@ -1,0 +1,172 @@
+"""Devices: discovery, the cuda and emulated backends, and the device owned by this process.
+
+This is gdask's lowest layer. Everything that touches CuPy, RMM or NVML goes through it, lazily, so
+``import gdask`` works on machines with no GPU and no CUDA driver.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from gdask import _config
+from gdask._devices._emulated import EmulatedDevice, EmulatedPool
+from gdask._devices._spec import BACKENDS, DeviceSpec, parse_size
+from gdask._errors import NoDeviceError
+
+__all__ = [
+    "BACKENDS",
+    "DeviceSpec",
+    "EmulatedDevice",
+    "EmulatedPool",
+    "Inventory",
+    "current_device",
+    "discover",
+    "make_device",
+    "make_specs",
+    "set_current_device",
+]
+
+
+def module_available(name: str) -> bool:
+    """Whether ``name`` can be imported, checked without importing it."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@dataclass
+class Inventory:
+    """What this machine offers: CUDA devices (possibly none) and why CUDA is or is not used."""
+
+    cuda_devices: list[dict[str, Any]] = field(default_factory=list)
+    cuda_reason: str = ""
+    backend: str = "emulated"
+
+    @property
+    def cuda_available(self) -> bool:
+        return bool(self.cuda_devices)
+
+
+def discover(backend: str | None = None) -> Inventory:
+    """Find the CUDA devices of this machine and choose a backend.
+
+    Parameters
+    ----------
+    backend : {"auto", "cuda", "emulated"}, optional
+        Defaults to config ``gdask.backend``.
+
+    Raises
+    ------
+    NoDeviceError
+        ``backend="cuda"`` on a machine where CUDA cannot be used; the message says why.
+    """
+    from gdask._devices import _nvml
+
+    backend = backend or _config.get("backend", "auto")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    inv = Inventory()
+    if backend == "emulated":
+        inv.cuda_reason = "emulated backend requested"
+        return inv
+    st = _nvml.state()
+    if not st.available:
+        inv.cuda_reason = st.reason
+    elif not module_available("cupy"):
+        inv.cuda_reason = f"{st.reason}, but CuPy is not installed (pip install 'gdask[cuda13]')"
+    else:
+        inv.cuda_devices = st.devices
+        inv.cuda_reason = st.reason
+        inv.backend = "cuda"
+    if backend == "cuda" and inv.backend != "cuda":
+        raise NoDeviceError(f"backend='cuda' requested but CUDA cannot be used: {inv.cuda_reason}")
+    return inv
+
+
+def make_specs(
+    n_devices: int | None = None,
+    *,
+    backend: str | None = None,
+    device_memory: int | str | None = None,
+    device_speeds: list[float] | None = None,
+    bandwidth: int | str | None = None,
+    streams: int | None = None,
+) -> list[DeviceSpec]:
+    """Describe the logical devices a cluster should have; keyword arguments override config.
+
+    On cuda, ``n_devices`` larger than the number of GPUs splits GPUs into several logical devices
+    (round-robin), each with an equal share of the device's memory.
+    """
+    inv = discover(backend)
+    if n_devices is not None and (not isinstance(n_devices, int) or isinstance(n_devices, bool) or n_devices < 1):
+        raise ValueError(f"n_devices must be a positive integer, got {n_devices!r}")
+    streams = int(streams if streams is not None else _config.get("device.streams", 1))
+    if inv.backend == "cuda":
+        gpus = inv.cuda_devices
+        n = n_devices or len(gpus)
+        per_gpu = [sum(1 for i in range(n) if i % len(gpus) == g) for g in range(len(gpus))]
+        limit = parse_size(device_memory if device_memory is not None else _config.get("cuda.memory-limit"),
+                           name="device_memory")
+        specs = []
+        for i in range(n):
+            g = gpus[i % len(gpus)]
+            mem = g["memory_total"] // per_gpu[i % len(gpus)]
+            specs.append(DeviceSpec(index=i, backend="cuda", memory=min(mem, limit) if limit else mem,
+                                    speed=1.0, physical=g["index"], name=g["name"], streams=streams))
+    else:
+        n = n_devices or int(_config.get("emulated.n-devices", 2))
+        mem = parse_size(device_memory if device_memory is not None else _config.get("emulated.memory"),
+                         name="device_memory")
+        bw = parse_size(bandwidth if bandwidth is not None else _config.get("emulated.bandwidth"),
+                        name="bandwidth")
+        speeds = device_speeds if device_speeds is not None else _config.get("emulated.speeds")
+        if speeds is None:
+            speeds = [1.0] * n
+        speeds = [float(s) for s in speeds]
+        if len(speeds) != n:
+            raise ValueError(f"device_speeds has {len(speeds)} entries but there are {n} devices")
+        specs = [DeviceSpec(index=i, backend="emulated", memory=mem, speed=speeds[i], bandwidth=bw,
+                            streams=streams)
+                 for i in range(n)]
+    if device_speeds is not None and inv.backend == "cuda":
+        raise ValueError("device_speeds applies to emulated devices only; CUDA devices run at their own speed")
+    return specs
+
+
+def make_device(spec: DeviceSpec):
+    """Create the device object (``EmulatedDevice`` or ``CudaDevice``) for ``spec``."""
+    if spec.backend == "cuda":
+        from gdask._devices._cuda import CudaDevice
+
+        return CudaDevice(spec)
+    return EmulatedDevice(spec)
+
+
+_current = None
+_current_lock = threading.Lock()
+
+
+def set_current_device(device) -> None:
+    """Make ``device`` the device this process computes on (done by the worker plugin)."""
+    global _current
+    with _current_lock:
+        _current = device
+
+
+def current_device():
+    """The device of this process; outside a gdask worker, a local device chosen from config.
+
+    The local device is cuda device 0 where CUDA is usable, else an emulated device with the
+    configured memory budget.
+    """
+    global _current
+    if _current is None:
+        with _current_lock:
+            if _current is None:
+                spec = make_specs(1)[0]
+                _current = make_device(spec)
+    return _current

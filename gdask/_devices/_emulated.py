@@ -1,0 +1,191 @@
+"""Emulated devices: NumPy arrays in a byte-budgeted pool, threads as streams.
+
+They exist so that every code path of gdask runs, and is tested, on machines without a GPU. A
+device with ``speed=0.5`` finishes each piece of work twice as late; a ``bandwidth`` makes
+host<->device copies take ``nbytes / bandwidth`` seconds, as PCIe transfers do.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from typing import Any, Callable
+
+import numpy as np
+
+from gdask._devices._spec import DeviceSpec
+from gdask._errors import DeviceMemoryError
+from dask.utils import format_bytes
+
+
+def _root(arr: np.ndarray) -> np.ndarray:
+    while isinstance(arr.base, np.ndarray):
+        arr = arr.base
+    return arr
+
+
+class EmulatedPool:
+    """A byte budget that arrays are charged against until they are garbage collected.
+
+    Parameters
+    ----------
+    budget : int
+        Bytes the pool may hand out.
+    name : str
+        Used in error messages.
+    """
+
+    def __init__(self, budget: int, name: str = "emulated device") -> None:
+        if budget <= 0:
+            raise ValueError(f"pool budget must be positive, got {budget}")
+        self.budget = int(budget)
+        self.name = name
+        self._used = 0
+        self._peak = 0
+        self._lock = threading.Lock()
+        self._owned: dict[int, int] = {}  # id(root array) -> nbytes
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+    @property
+    def peak(self) -> int:
+        return self._peak
+
+    @property
+    def free(self) -> int:
+        return self.budget - self._used
+
+    def _charge(self, nbytes: int) -> None:
+        with self._lock:
+            if self._used + nbytes > self.budget:
+                what = (
+                    f"a single allocation of {format_bytes(nbytes)} is larger than the whole "
+                    f"device budget of {format_bytes(self.budget)}"
+                    if nbytes > self.budget
+                    else f"requested {format_bytes(nbytes)} with {format_bytes(self._used)} of "
+                    f"{format_bytes(self.budget)} in use"
+                )
+                raise DeviceMemoryError(
+                    f"{self.name} out of memory: {what}. Use smaller blocks (block_rows=...), "
+                    "more devices, or a larger device_memory."
+                )
+            self._used += nbytes
+            self._peak = max(self._peak, self._used)
+
+    def _release(self, key: int, nbytes: int) -> None:
+        with self._lock:
+            self._used -= nbytes
+            self._owned.pop(key, None)
+
+    def adopt(self, arr: Any) -> Any:
+        """Charge ``arr``'s memory to the pool until it is freed. Views of owned arrays are free."""
+        if not isinstance(arr, np.ndarray):
+            return arr
+        root = _root(arr)
+        key = id(root)
+        if key in self._owned:
+            return arr
+        nbytes = int(root.nbytes)
+        self._charge(nbytes)
+        self._owned[key] = nbytes
+        weakref.finalize(root, self._release, key, nbytes)
+        return arr
+
+    def empty(self, shape: tuple[int, ...], dtype: Any, order: str = "F") -> np.ndarray:
+        """Allocate an uninitialised array from the pool."""
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        self._charge(nbytes)  # raise before touching host memory
+        try:
+            arr = np.empty(shape, dtype=dtype, order=order)
+        except BaseException:
+            with self._lock:
+                self._used -= nbytes
+            raise
+        key = id(arr)
+        self._owned[key] = nbytes
+        weakref.finalize(arr, self._release, key, nbytes)
+        return arr
+
+
+class EmulatedDevice:
+    """One emulated device: a pool, a speed, a host<->device bandwidth."""
+
+    backend = "emulated"
+
+    def __init__(self, spec: DeviceSpec) -> None:
+        self.spec = spec
+        self.pool = EmulatedPool(spec.memory, name=f"emulated device {spec.index}")
+        self.bytes_h2d = 0
+        self.bytes_d2h = 0
+        self.busy_time = 0.0
+        self.tasks = 0
+        self._stats_lock = threading.Lock()
+
+    # -- arrays -------------------------------------------------------------------------------
+    @property
+    def xp(self):
+        return np
+
+    def _transfer(self, nbytes: int, direction: str) -> None:
+        with self._stats_lock:
+            if direction == "h2d":
+                self.bytes_h2d += nbytes
+            else:
+                self.bytes_d2h += nbytes
+        if self.spec.bandwidth:
+            time.sleep(nbytes / self.spec.bandwidth)
+
+    def asarray(self, x: Any, order: str = "F") -> np.ndarray:
+        """Copy host data onto the device in the given layout ("F" = feature-major for 2-D)."""
+        x = np.asarray(x)
+        out = self.pool.empty(x.shape, x.dtype, order=order)
+        out[...] = x
+        self._transfer(out.nbytes, "h2d")
+        return out
+
+    def to_host(self, x: Any) -> np.ndarray:
+        x = np.asarray(x)
+        self._transfer(x.nbytes, "d2h")
+        return x
+
+    def adopt(self, result: Any) -> Any:
+        """Charge a task's array results to this device's pool."""
+        if isinstance(result, np.ndarray):
+            return self.pool.adopt(result)
+        if isinstance(result, (tuple, list)):
+            for r in result:
+                self.adopt(r)
+        return result
+
+    # -- execution ----------------------------------------------------------------------------
+    def run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``func`` as device work: timed, slowed down by ``1 / speed``, results pooled."""
+        t0 = time.perf_counter()
+        result = func(*args, **kwargs)
+        elapsed = time.perf_counter() - t0
+        if self.spec.speed != 1.0:
+            extra = elapsed * (1.0 / self.spec.speed - 1.0)
+            if extra > 0:
+                time.sleep(extra)
+                elapsed += extra
+        with self._stats_lock:
+            self.busy_time += elapsed
+            self.tasks += 1
+        return self.adopt(result)
+
+    def synchronize(self) -> None:
+        """Emulated work is synchronous."""
+
+    def info(self) -> dict[str, Any]:
+        return {
+            **self.spec.to_dict(),
+            "memory_used": self.pool.used,
+            "memory_peak": self.pool.peak,
+            "bytes_h2d": self.bytes_h2d,
+            "bytes_d2h": self.bytes_d2h,
+            "busy_time": self.busy_time,
+            "tasks": self.tasks,
+        }

@@ -1,0 +1,20 @@
+"""Named exceptions and warnings raised by gdask."""
+
+from __future__ import annotations
+
+__all__ = ["DeviceMemoryError", "GDaskWarning", "NoDeviceError"]
+
+
+class DeviceMemoryError(MemoryError):
+    """A device (CUDA or emulated) ran out of memory.
+
+    Raised by both backends, so code that handles it works unchanged with or without a GPU.
+    """
+
+
+class NoDeviceError(RuntimeError):
+    """The requested device backend is not available on this machine."""
+
+
+class GDaskWarning(UserWarning):
+    """Warnings issued by gdask."""

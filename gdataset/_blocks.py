@@ -1,0 +1,97 @@
+"""Functions that run inside block tasks, on the worker that owns the device.
+
+Every GDataSet task calls one of these, so device placement, memory accounting, emulated speed and
+the coalesced layout are handled in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from gdask._devices import current_device
+
+
+def array_module(x: Any):
+    """``numpy`` or ``cupy``, whichever ``x`` belongs to (scalars count as NumPy)."""
+    if type(x).__module__.split(".")[0] == "cupy":
+        import cupy
+
+        return cupy
+    return np
+
+
+def _on_device(arg: Any, dev) -> Any:
+    """Move small host operands (centers, weights) to the device's array module."""
+    if dev.xp is not np and isinstance(arg, np.ndarray):
+        return dev.xp.asarray(arg)
+    return arg
+
+
+def coalesce(x: Any, xp=None) -> Any:
+    """The coalesced block layout: 2-D blocks are feature-major (Fortran order).
+
+    Consecutive rows of one feature are adjacent in memory, so a kernel whose threads (or SIMD
+    lanes) walk rows reads consecutive addresses. ``block.T`` is a C-contiguous ``(features, rows)``
+    view of the same memory.
+    """
+    if getattr(x, "ndim", 0) == 2 and not x.flags.f_contiguous:
+        return (xp or array_module(x)).asfortranarray(x)
+    return x
+
+
+def to_device(chunk: Any) -> Any:
+    """Copy one host (or other-device) chunk into this process's device, coalesced."""
+    dev = current_device()
+    return dev.asarray(chunk, order="F" if np.ndim(chunk) == 2 else "C")
+
+
+def block_op(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run ``func`` on device blocks and return a block in the coalesced layout."""
+    dev = current_device()
+    args = tuple(_on_device(a, dev) for a in args)
+    out = dev.run(func, *args, **kwargs)
+    if getattr(out, "ndim", 0) == 2 and not out.flags.f_contiguous:
+        out = dev.adopt(coalesce(out, dev.xp))
+    return out
+
+
+def partial_op(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run ``func`` on device blocks for a small result (a reduction partial)."""
+    dev = current_device()
+    args = tuple(_on_device(a, dev) for a in args)
+    return dev.run(func, *args, **kwargs)
+
+
+def combine_op(combine: Callable[[list], Any], *parts: Any) -> Any:
+    """Combine reduction partials (one level of the reduction tree)."""
+    return current_device().run(combine, list(parts))
+
+
+def concat_blocks(blocks) -> Any:
+    """``__dask_postcompute__``: join computed blocks into one array of the blocks' type."""
+    blocks = list(blocks)
+    if len(blocks) == 1:
+        return blocks[0]
+    return array_module(blocks[0]).concatenate(blocks, axis=0)
+
+
+def getitem(x: Any, index: Any) -> Any:
+    return x[index]
+
+
+def matmul_right(blk: Any, w: Any) -> Any:
+    """``blk @ w`` computed as ``(w.T @ blk.T).T`` so the result is feature-major without a copy."""
+    if w.ndim == 1:
+        return blk @ w
+    return (w.T @ blk.T).T
+
+
+def tmatmul(a: Any, b: Any) -> Any:
+    """``a.T @ b`` for one block pair: a small dense (features x k) partial."""
+    return a.T @ b
+
+
+def astype(x: Any, dtype: Any) -> Any:
+    return x.astype(dtype, copy=False)

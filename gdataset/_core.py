@@ -1,0 +1,610 @@
+"""GDataSet: a row-blocked Dask collection whose blocks live in device memory."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+from typing import Any, Callable, Sequence
+
+import dask
+import dask.array as da
+import numpy as np
+from dask.base import DaskMethodsMixin, tokenize
+from dask.delayed import Delayed
+from dask.highlevelgraph import HighLevelGraph
+from dask.task_spec import DataNode, Task, TaskRef
+from dask.utils import format_bytes
+
+from gdask.gdataset import _blocks
+
+__all__ = ["GDataSet"]
+
+#: operands up to this size are embedded in every task; larger ones travel once as a graph node
+_EMBED_BYTES = 64 * 1024
+
+_BINOPS = {
+    "add": operator.add, "sub": operator.sub, "mul": operator.mul, "truediv": operator.truediv,
+    "floordiv": operator.floordiv, "mod": operator.mod, "pow": operator.pow,
+}
+
+
+def _optimize(dsk, keys, **kwargs):
+    """Cull only: block keys must survive optimisation so that persisted blocks are reused."""
+    if isinstance(dsk, HighLevelGraph):
+        return dsk.cull(set(_flatten(keys)))
+    from dask.core import flatten
+
+    return dask.optimization.cull(dict(dsk), list(flatten(keys)))[0]
+
+
+def _flatten(keys):
+    for k in keys:
+        if isinstance(k, list):
+            yield from _flatten(k)
+        else:
+            yield k
+
+
+def _meta_array(backend: str, shape: tuple[int, ...], dtype: Any):
+    if backend == "cupy":
+        import cupy
+
+        return cupy.empty(shape, dtype=dtype)
+    return np.empty(shape, dtype=dtype)
+
+
+class _Operands:
+    """Turns the operands of a block operation into per-block task arguments and dependencies."""
+
+    def __init__(self, ref: GDataSet, args: Sequence[Any]):
+        self.ref = ref
+        self.graph: dict[Any, Any] = {}
+        self.deps: list[Any] = []
+        self.args: list[tuple[str, Any]] = []
+        self.metas: list[Any] = []
+        for a in args:
+            self._add(a)
+
+    def _add(self, a: Any) -> None:
+        ref = self.ref
+        if isinstance(a, GDataSet):
+            if a.row_blocks != ref.row_blocks:
+                raise ValueError(
+                    "GDataSets in one operation must have the same row blocking; got blocks "
+                    f"{_short(a.row_blocks)} and {_short(ref.row_blocks)}. Create both with the same "
+                    "block_rows."
+                )
+            self.deps.append(a)
+            self.args.append(("blocks", a.name))
+            self.metas.append(_meta_array("numpy", (0,) + a.shape[1:], a.dtype))
+        elif isinstance(a, da.Array):
+            if a.npartitions != 1:
+                a = a.rechunk(a.shape)
+            self.deps.append(a)
+            self.args.append(("ref", (a.name,) + (0,) * a.ndim))
+            self.metas.append(np.zeros(a.shape, dtype=a.dtype))
+        elif isinstance(a, Delayed):
+            self.deps.append(a)
+            self.args.append(("ref", a.key))
+            self.metas.append(None)
+        elif hasattr(a, "shape") and hasattr(a, "dtype") and getattr(a, "ndim", 0) > 0:
+            host = a if isinstance(a, np.ndarray) else _to_numpy(a)
+            if host.nbytes <= _EMBED_BYTES:
+                self.args.append(("value", a))
+            else:
+                key = "operand-" + tokenize(a)
+                self.graph[key] = DataNode(key, a)
+                self.args.append(("ref", key))
+            self.metas.append(np.broadcast_to(np.zeros((), dtype=host.dtype), host.shape))
+        else:
+            self.args.append(("value", a))
+            self.metas.append(a)
+
+    def block_args(self, i: int) -> list[Any]:
+        out = []
+        for kind, v in self.args:
+            if kind == "blocks":
+                out.append(TaskRef((v, i)))
+            elif kind == "ref":
+                out.append(TaskRef(v))
+            else:
+                out.append(v)
+        return out
+
+    def tokens(self) -> list[Any]:
+        return [v if kind != "value" else tokenize(v) for kind, v in self.args]
+
+
+def _to_numpy(a: Any) -> np.ndarray:
+    if hasattr(a, "get"):  # cupy
+        return a.get()
+    return np.asarray(a)
+
+
+def _short(t: tuple[int, ...]) -> str:
+    return str(t) if len(t) <= 6 else f"({', '.join(map(str, t[:3]))}, ..., {t[-1]}) ({len(t)} blocks)"
+
+
+class GDataSet(DaskMethodsMixin):
+    """A dataset split into row blocks that live in device memory (GPU or emulated).
+
+    Blocks are NumPy or CuPy arrays in a coalesced, feature-major layout (2-D blocks are
+    Fortran-ordered, so ``block.T`` is a C-contiguous ``(features, rows)`` array). A GDataSet is a
+    Dask collection: ``dask.compute``, ``dask.persist``, ``client.compute`` and ``.compute()`` work.
+    Keys are derived from content and operation, so rebuilding the same computation gives the same
+    keys.
+
+    Create one with :func:`gdask.from_array`, :func:`gdask.from_dask_array` or
+    :func:`gdask.from_dataframe` rather than directly.
+    """
+
+    __array_priority__ = 20
+
+    def __init__(self, dsk: HighLevelGraph, name: str, row_blocks: Sequence[int], ncols: int | None,
+                 dtype: Any, backend: str = "numpy", columns: Sequence[str] | None = None) -> None:
+        if not isinstance(dsk, HighLevelGraph):
+            dsk = HighLevelGraph.from_collections(name, dict(dsk), dependencies=())
+        self.dask = dsk
+        self.name = name
+        self.row_blocks = tuple(int(r) for r in row_blocks)
+        self.ncols = None if ncols is None else int(ncols)
+        self.dtype = np.dtype(dtype)
+        self.backend = backend
+        self.columns = None if columns is None else list(columns)
+
+    # -- Dask collection protocol ---------------------------------------------------------------
+    def __dask_graph__(self) -> HighLevelGraph:
+        return self.dask
+
+    def __dask_keys__(self) -> list[tuple[str, int]]:
+        return [(self.name, i) for i in range(self.nblocks)]
+
+    def __dask_layers__(self) -> tuple[str, ...]:
+        return (self.name,)
+
+    def __dask_tokenize__(self) -> str:
+        return self.name
+
+    __dask_optimize__ = staticmethod(_optimize)
+    __dask_scheduler__ = staticmethod(dask.threaded.get)
+
+    def __dask_postcompute__(self):
+        return _blocks.concat_blocks, ()
+
+    def __dask_postpersist__(self):
+        return self._rebuild, ()
+
+    def _rebuild(self, dsk, *, rename: dict | None = None) -> GDataSet:
+        name = rename.get(self.name, self.name) if rename else self.name
+        return GDataSet(dsk, name, self.row_blocks, self.ncols, self.dtype, self.backend, self.columns)
+
+    # -- shape -----------------------------------------------------------------------------------
+    @property
+    def nblocks(self) -> int:
+        return len(self.row_blocks)
+
+    @property
+    def ndim(self) -> int:
+        return 1 if self.ncols is None else 2
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        n = sum(self.row_blocks)
+        return (n,) if self.ncols is None else (n, self.ncols)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def block_offsets(self) -> tuple[int, ...]:
+        out, acc = [], 0
+        for r in self.row_blocks:
+            out.append(acc)
+            acc += r
+        return tuple(out)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    @property
+    def T(self) -> _Transposed:
+        return _Transposed(self)
+
+    def block(self, i: int) -> Delayed:
+        """Block ``i`` as a ``dask.delayed`` value."""
+        if not -self.nblocks <= i < self.nblocks:
+            raise IndexError(f"block {i} out of range for a GDataSet with {self.nblocks} blocks")
+        return Delayed((self.name, i % self.nblocks), self.dask)
+
+    def to_delayed(self) -> list[Delayed]:
+        return [self.block(i) for i in range(self.nblocks)]
+
+    # -- building blocks ---------------------------------------------------------------------------
+    def map_blocks(self, func: Callable[..., Any], *args: Any, dtype: Any = None, ncols: Any = "infer",
+                   name: str | None = None, **kwargs: Any) -> GDataSet:
+        """Apply ``func(block, *args, **kwargs)`` to every block; the result keeps the row blocking.
+
+        Other GDataSets in ``args`` (same blocking) are passed block by block; small arrays,
+        scalars and single-chunk dask arrays are passed whole. ``func`` gets device arrays
+        (NumPy on emulated devices, CuPy on CUDA) in the coalesced layout and must return an array
+        with the block's number of rows.
+
+        Parameters
+        ----------
+        func : callable
+            Block kernel (NumPy, CuPy, numba, ... code).
+        dtype, ncols : optional
+            Output dtype and number of columns (``None`` for 1-D output). By default inferred by
+            calling ``func`` on empty blocks.
+        name : str, optional
+            Key prefix; defaults to the function's name.
+        """
+        return _elemwise(func, self, *args, dtype=dtype, ncols=ncols, name=name, kwargs=kwargs)
+
+    def reduce_blocks(self, chunk: Callable[..., Any], combine: Callable[[list], Any], *args: Any,
+                      finalize: Callable[[Any], Any] | None = None, split_every: int = 8,
+                      name: str | None = None, **kwargs: Any) -> Delayed:
+        """Tree reduction over blocks: ``chunk(block, *args)`` per block, then ``combine(list)``.
+
+        Returns a ``dask.delayed`` object whose ``.compute()`` gives ``finalize(combined)``.
+        """
+        key = _tree_reduce(self, chunk, combine, args, kwargs, finalize=finalize, split_every=split_every,
+                           name=name)
+        return Delayed(key[0], key[1])
+
+    # -- elementwise -----------------------------------------------------------------------------
+    def _binop(self, op: str, other: Any, reverse: bool = False) -> GDataSet:
+        if not isinstance(other, (GDataSet, numbers.Number, np.generic, da.Array)) and not hasattr(other, "shape"):
+            return NotImplemented
+        f = _BINOPS.get(op) or getattr(operator, op)
+        return _elemwise(f, other, self) if reverse else _elemwise(f, self, other)
+
+    def __add__(self, o): return self._binop("add", o)
+    def __radd__(self, o): return self._binop("add", o, True)
+    def __sub__(self, o): return self._binop("sub", o)
+    def __rsub__(self, o): return self._binop("sub", o, True)
+    def __mul__(self, o): return self._binop("mul", o)
+    def __rmul__(self, o): return self._binop("mul", o, True)
+    def __truediv__(self, o): return self._binop("truediv", o)
+    def __rtruediv__(self, o): return self._binop("truediv", o, True)
+    def __floordiv__(self, o): return self._binop("floordiv", o)
+    def __rfloordiv__(self, o): return self._binop("floordiv", o, True)
+    def __mod__(self, o): return self._binop("mod", o)
+    def __pow__(self, o): return self._binop("pow", o)
+    def __rpow__(self, o): return self._binop("pow", o, True)
+    def __lt__(self, o): return self._binop("lt", o)
+    def __le__(self, o): return self._binop("le", o)
+    def __gt__(self, o): return self._binop("gt", o)
+    def __ge__(self, o): return self._binop("ge", o)
+    def __eq__(self, o): return self._binop("eq", o)  # type: ignore[override]
+    def __ne__(self, o): return self._binop("ne", o)  # type: ignore[override]
+    def __neg__(self): return _elemwise(operator.neg, self)
+    def __abs__(self): return _elemwise(operator.abs, self)
+    __hash__ = None  # type: ignore[assignment]
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        if method != "__call__" or kwargs.get("out") is not None or ufunc.nout != 1:
+            return NotImplemented
+        return _elemwise(ufunc, *inputs, kwargs=kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        method = {np.sum: "sum", np.mean: "mean", np.std: "std", np.min: "min", np.max: "max",
+                  np.argmin: "argmin", np.argmax: "argmax"}.get(func)
+        if method is None:
+            return NotImplemented
+        return getattr(args[0], method)(*args[1:], **kwargs)
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError(
+            "A GDataSet is lazy and lives on devices; call .compute() to get a NumPy/CuPy array "
+            "(np.asarray would silently move all the data)."
+        )
+
+    def astype(self, dtype: Any) -> GDataSet:
+        return _elemwise(_blocks.astype, self, np.dtype(dtype), dtype=np.dtype(dtype), ncols=self.ncols,
+                         name="astype")
+
+    def __getitem__(self, index: Any) -> GDataSet:
+        if not isinstance(index, tuple):
+            index = (index,)
+        if not index or not (isinstance(index[0], slice) and index[0] == slice(None)):
+            raise NotImplementedError(
+                "GDataSet indexing keeps all rows: use X[:, None], X[:, j] or X[:, cols]; select rows "
+                "with block operations (map_blocks) instead"
+            )
+        return _elemwise(_blocks.getitem, self, index, name="getitem")
+
+    # -- matmul ----------------------------------------------------------------------------------
+    def __matmul__(self, other: Any) -> GDataSet:
+        if self.ndim != 2:
+            raise ValueError("X @ W needs a 2-D GDataSet")
+        shape = getattr(other, "shape", None)
+        if shape is None or len(shape) not in (1, 2) or shape[0] != self.ncols:
+            raise ValueError(
+                f"X @ W needs W of shape ({self.ncols},) or ({self.ncols}, m) for X of shape {self.shape}; "
+                f"got {shape}"
+            )
+        if isinstance(other, GDataSet):
+            raise ValueError("X @ Y with two row-blocked GDataSets is not a small-operand product; use X.T @ Y")
+        return _elemwise(_blocks.matmul_right, self, other, name="matmul",
+                         ncols=None if len(shape) == 1 else shape[1],
+                         dtype=np.result_type(self.dtype, other.dtype))
+
+    # -- reductions ------------------------------------------------------------------------------
+    def _check_axis(self, axis: Any, allowed: tuple) -> None:
+        if axis not in allowed:
+            raise ValueError(f"axis must be one of {allowed} for this reduction, got {axis!r}")
+
+    def sum(self, axis: int | None = None) -> da.Array:
+        """Sum over rows (``axis=0``) or everything (``axis=None``); a one-chunk dask array."""
+        self._check_axis(axis, (None, 0))
+        dtype = np.sum(np.zeros(1, self.dtype)).dtype
+        return _reduction(self, _r_sum_chunk, _r_sum_combine, None, axis, dtype, "sum")
+
+    def mean(self, axis: int | None = None) -> da.Array:
+        self._check_axis(axis, (None, 0))
+        dtype = np.mean(np.zeros(1, self.dtype)).dtype
+        return _reduction(self, _r_moment_chunk, _r_moment_combine, _r_mean_finalize, axis, dtype, "mean")
+
+    def std(self, axis: int | None = None, ddof: int = 0) -> da.Array:
+        self._check_axis(axis, (None, 0))
+        dtype = np.mean(np.zeros(1, self.dtype)).dtype
+        return _reduction(self, _r_moment_chunk, _r_moment_combine, _r_std_finalize, axis, dtype, "std",
+                          finalize_args=(ddof,))
+
+    def var(self, axis: int | None = None, ddof: int = 0) -> da.Array:
+        self._check_axis(axis, (None, 0))
+        dtype = np.mean(np.zeros(1, self.dtype)).dtype
+        return _reduction(self, _r_moment_chunk, _r_moment_combine, _r_var_finalize, axis, dtype, "var",
+                          finalize_args=(ddof,))
+
+    def min(self, axis: int | None = None) -> da.Array:
+        self._check_axis(axis, (None, 0))
+        return _reduction(self, _r_min_chunk, _r_min_combine, None, axis, self.dtype, "min")
+
+    def max(self, axis: int | None = None) -> da.Array:
+        self._check_axis(axis, (None, 0))
+        return _reduction(self, _r_max_chunk, _r_max_combine, None, axis, self.dtype, "max")
+
+    def argmin(self, axis: int = 1) -> GDataSet:
+        """Per-row index of the smallest value (``axis=1``): a 1-D GDataSet."""
+        self._check_axis(axis, (1, -1))
+        return _elemwise(_argmin1, self, name="argmin", ncols=None, dtype=np.intp)
+
+    def argmax(self, axis: int = 1) -> GDataSet:
+        self._check_axis(axis, (1, -1))
+        return _elemwise(_argmax1, self, name="argmax", ncols=None, dtype=np.intp)
+
+    # -- display ---------------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        return (f"GDataSet<shape={self.shape}, dtype={self.dtype}, nblocks={self.nblocks}, "
+                f"block_rows={_short(self.row_blocks)}, backend={self.backend}, name={self.name}>")
+
+    def _repr_html_(self) -> str:
+        from gdask.gdataset._repr import gdataset_html
+
+        return gdataset_html(self)
+
+
+class _Transposed:
+    """``X.T``: only for ``X.T @ Y`` (a small dense result reduced over blocks)."""
+
+    def __init__(self, x: GDataSet) -> None:
+        self.x = x
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.x.shape[::-1]
+
+    def __matmul__(self, other: Any) -> da.Array:
+        x = self.x
+        if not isinstance(other, GDataSet):
+            raise TypeError("X.T @ Y needs Y to be a GDataSet with the same row blocking as X")
+        ncols = x.ncols
+        shape = tuple(s for s in (ncols, other.ncols) if s is not None)
+        dtype = np.result_type(x.dtype, other.dtype)
+        return _reduction(x, _blocks.tmatmul, _r_sum_combine, None, "tmatmul", dtype, "tmatmul",
+                          extra=(other,), shape=shape)
+
+
+# -- block functions (module level: stable tokens, picklable) -----------------------------------
+def _argmin1(b):
+    return b.argmin(axis=1)
+
+
+def _argmax1(b):
+    return b.argmax(axis=1)
+
+
+def _stack_sum(parts):
+    out = parts[0]
+    for p in parts[1:]:
+        out = out + p
+    return out
+
+
+def _r_sum_chunk(b, axis):
+    return b.sum(axis=axis, dtype=np.float64 if b.dtype.kind == "f" else None)
+
+
+def _r_sum_combine(parts):
+    return _stack_sum(parts)
+
+
+def _r_min_chunk(b, axis):
+    return b.min(axis=axis)
+
+
+def _r_min_combine(parts):
+    xp = _blocks.array_module(parts[0])
+    return xp.min(xp.stack(parts), axis=0)
+
+
+def _r_max_chunk(b, axis):
+    return b.max(axis=axis)
+
+
+def _r_max_combine(parts):
+    xp = _blocks.array_module(parts[0])
+    return xp.max(xp.stack(parts), axis=0)
+
+
+def _r_moment_chunk(b, axis):
+    """(count, mean, M2) of one block, in float64 (Chan et al. parallel variance)."""
+    bf = b.astype(np.float64, copy=False)
+    n = b.shape[0] if axis == 0 else b.size
+    if n == 0:
+        z = bf.sum(axis=axis) * 0
+        return (0, z, z)
+    mean = bf.mean(axis=axis)
+    m2 = ((bf - mean) ** 2).sum(axis=axis)
+    return (n, mean, m2)
+
+
+def _r_moment_combine(parts):
+    n, mean, m2 = parts[0]
+    for nb, mb, m2b in parts[1:]:
+        if nb == 0:
+            continue
+        tot = n + nb
+        delta = mb - mean
+        mean = mean + delta * (nb / tot)
+        m2 = m2 + m2b + delta * delta * (n * nb / tot)
+        n = tot
+    return (n, mean, m2)
+
+
+def _r_mean_finalize(parts, dtype):
+    return parts[1].astype(dtype)
+
+
+def _r_var_finalize(parts, dtype, ddof):
+    n, _, m2 = parts
+    return (m2 / max(n - ddof, 0)).astype(dtype)
+
+
+def _r_std_finalize(parts, dtype, ddof):
+    xp = _blocks.array_module(parts[1])
+    return xp.sqrt(_r_var_finalize(parts, dtype, ddof))
+
+
+def _plain_finalize(x, dtype):
+    return x.astype(dtype)
+
+
+# -- graph builders ------------------------------------------------------------------------------
+def _fname(func: Callable) -> str:
+    n = getattr(func, "__name__", None) or type(func).__name__
+    return n.strip("_").replace("<", "").replace(">", "") or "op"
+
+
+def _elemwise(func: Callable, *args: Any, dtype: Any = None, ncols: Any = "infer", name: str | None = None,
+              kwargs: dict | None = None) -> GDataSet:
+    """A GDataSet whose block i is ``func(*args_i, **kwargs)``."""
+    kwargs = kwargs or {}
+    ref = next((a for a in args if isinstance(a, GDataSet)), None)
+    if ref is None:
+        raise TypeError("a block operation needs at least one GDataSet operand")
+    ops = _Operands(ref, args)
+    if ncols == "infer" or dtype is None:
+        metas = [m if m is not None else np.zeros(()) for m in ops.metas]
+        try:
+            with np.errstate(all="ignore"):
+                meta = np.asarray(func(*metas, **kwargs))
+        except Exception as e:
+            raise ValueError(
+                f"could not infer the output of {_fname(func)} from empty blocks ({type(e).__name__}: {e}); "
+                "pass dtype= and ncols= (None for 1-D output)"
+            ) from e
+        if ncols == "infer":
+            if meta.ndim not in (1, 2):
+                raise ValueError(f"{_fname(func)} must return 1-D or 2-D blocks, got {meta.ndim}-D")
+            ncols = None if meta.ndim == 1 else meta.shape[1]
+        if dtype is None:
+            dtype = meta.dtype
+    prefix = name or _fname(func)
+    out = f"{prefix}-{tokenize(func, *ops.tokens(), kwargs, ref.row_blocks)}"
+    layer = dict(ops.graph)
+    for i in range(ref.nblocks):
+        layer[(out, i)] = Task((out, i), _blocks.block_op, func, *ops.block_args(i), **kwargs)
+    graph = HighLevelGraph.from_collections(out, layer, dependencies=ops.deps)
+    return GDataSet(graph, out, ref.row_blocks, ncols, dtype, ref.backend)
+
+
+def _tree_reduce(x: GDataSet, chunk, combine, args, kwargs, *, finalize=None, finalize_args=(),
+                 split_every: int = 8, name: str | None = None, extra: tuple = ()):
+    """Build a reduction tree over ``x``'s blocks; returns (final key, graph)."""
+    if split_every < 2:
+        raise ValueError(f"split_every must be >= 2, got {split_every}")
+    ops = _Operands(x, (x,) + tuple(extra) + tuple(args))
+    prefix = name or _fname(chunk)
+    token = tokenize(chunk, combine, finalize, finalize_args, *ops.tokens(), kwargs, split_every)
+    part = f"{prefix}-partial-{token}"
+    layer = dict(ops.graph)
+    level = []
+    for i in range(x.nblocks):
+        layer[(part, i)] = Task((part, i), _blocks.partial_op, chunk, *ops.block_args(i), **kwargs)
+        level.append((part, i))
+    depth = 0
+    while len(level) > 1:
+        depth += 1
+        nxt = []
+        for j in range(0, len(level), split_every):
+            k = (f"{prefix}-combine-{token}", depth, j // split_every)
+            layer[k] = Task(k, _blocks.combine_op, combine, *[TaskRef(r) for r in level[j:j + split_every]])
+            nxt.append(k)
+        level = nxt
+    final = f"{prefix}-{token}"
+    if finalize is None:
+        layer[final] = Task(final, _blocks.partial_op, _identity, TaskRef(level[0]))
+    else:
+        layer[final] = Task(final, _blocks.partial_op, finalize, TaskRef(level[0]), *finalize_args)
+    graph = HighLevelGraph.from_collections(final, layer, dependencies=ops.deps)
+    return final, graph
+
+
+def _identity(x):
+    return x
+
+
+def _reduction(x: GDataSet, chunk, combine, finalize, axis, dtype, name, *, finalize_args=(), extra=(),
+               shape=None) -> da.Array:
+    dtype = np.dtype(dtype)
+    if axis == "tmatmul":
+        args: tuple = ()
+    else:
+        args = (axis,)
+        shape = () if axis is None or x.ndim == 1 else (x.ncols,)
+    if finalize is None:
+        finalize, finalize_args = _plain_finalize, (dtype,)
+    else:
+        finalize_args = (dtype,) + tuple(finalize_args)
+    final, graph = _tree_reduce(x, chunk, combine, args, {}, finalize=finalize, finalize_args=finalize_args,
+                                name=name, extra=extra)
+    # expose the result as a one-chunk dask array under its own name
+    aname = f"{name}-result-{final.rsplit('-', 1)[-1]}"
+    akey = (aname,) + (0,) * len(shape)
+    layer = {akey: Task(akey, _identity, TaskRef(final))}
+    graph = HighLevelGraph.from_collections(aname, layer, dependencies=[_GraphHolder(final, graph)])
+    chunks = tuple((s,) for s in shape)
+    return da.Array(graph, aname, chunks, meta=_meta_array(x.backend, (0,) * len(shape), dtype))
+
+
+class _GraphHolder:
+    """Minimal collection wrapper so a raw HighLevelGraph can be a dependency."""
+
+    def __init__(self, name, graph):
+        self.name = name
+        self.graph = graph
+
+    def __dask_graph__(self):
+        return self.graph
+
+    def __dask_layers__(self):
+        return (self.name,)

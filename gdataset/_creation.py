@@ -1,0 +1,209 @@
+"""Creating GDataSets from NumPy/CuPy arrays, dask arrays and (dask-)DataFrames."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from dask.base import tokenize
+from dask.highlevelgraph import HighLevelGraph
+from dask.task_spec import Task, TaskRef
+
+from gdask import _config
+from gdask._devices import parse_size
+from gdask.gdataset import _blocks
+from gdask.gdataset._core import GDataSet
+
+__all__ = ["from_array", "from_dask_array", "from_dataframe", "default_block_rows"]
+
+#: default number of blocks to aim for when the data is large enough (load balance across devices)
+_MIN_BLOCKS = 8
+_MIN_BLOCK_ROWS = 4096
+
+
+def _array_module_name(x: Any) -> str:
+    return "cupy" if type(x).__module__.split(".")[0] == "cupy" else "numpy"
+
+
+def _device_backend(input_backend: str) -> str:
+    """Array module the blocks will have: CuPy where gdask computes on CUDA."""
+    if input_backend == "cupy":
+        return "cupy"
+    from gdask._devices import discover
+
+    try:
+        return "cupy" if discover().backend == "cuda" else "numpy"
+    except Exception:  # noqa: BLE001 - discovery problems mean "no CUDA"
+        return "numpy"
+
+
+def _check_dtype(dtype: np.dtype) -> None:
+    if dtype.kind not in "biuf":
+        raise TypeError(
+            f"GDataSet blocks must have a numeric (bool, integer or float) dtype, got {dtype}. "
+            "Convert first, e.g. x.astype('float32'), or drop non-numeric columns."
+        )
+
+
+def default_block_rows(n_rows: int, row_bytes: int) -> int:
+    """Rows per block: about config ``gdask.gdataset.block-bytes`` per block, and at least
+    ``_MIN_BLOCKS`` blocks for large data so several devices (and streams) share the work."""
+    target = parse_size(_config.get("gdataset.block-bytes", "64MiB"), name="gdask.gdataset.block-bytes")
+    by_bytes = max(1, target // max(row_bytes, 1))
+    by_count = max(_MIN_BLOCK_ROWS, math.ceil(n_rows / _MIN_BLOCKS))
+    return int(max(1, min(by_bytes, by_count, n_rows)))
+
+
+def _check_block_rows(block_rows: Any) -> int:
+    if isinstance(block_rows, bool) or not isinstance(block_rows, (int, np.integer)) or block_rows <= 0:
+        raise ValueError(f"block_rows must be a positive integer, got {block_rows!r}")
+    return int(block_rows)
+
+
+def _split(n: int, block_rows: int) -> tuple[int, ...]:
+    full, rest = divmod(n, block_rows)
+    return (block_rows,) * full + ((rest,) if rest else ())
+
+
+def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None) -> GDataSet:
+    """Split a NumPy or CuPy array (1-D or 2-D, rows = samples) into device blocks.
+
+    Parameters
+    ----------
+    x : array-like
+        NumPy array, CuPy array, or anything ``np.asarray`` accepts.
+    block_rows : int, optional
+        Rows per block. Default: about ``gdask.gdataset.block-bytes`` (64 MiB) per block and at
+        least 8 blocks for large data.
+    name : str, optional
+        Key prefix; the default is derived from the content, so the same data gives the same keys.
+
+    Returns
+    -------
+    GDataSet
+        Lazy: blocks are copied to devices when computed or persisted.
+
+    Raises
+    ------
+    ValueError
+        Empty data, ``ndim`` not 1 or 2, or ``block_rows <= 0``.
+    TypeError
+        Non-numeric dtype.
+
+    Examples
+    --------
+    >>> X = gdask.from_array(np.random.default_rng(0).random((10_000, 8)), block_rows=2_500)
+    >>> X.nblocks
+    4
+    """
+    mod = _array_module_name(x)
+    if mod == "numpy":
+        if hasattr(x, "dtypes") and hasattr(x, "columns"):
+            return from_dataframe(x, block_rows=block_rows)
+        x = np.asarray(x)
+    if x.ndim not in (1, 2):
+        raise ValueError(f"from_array needs a 1-D or 2-D array (rows = samples), got {x.ndim}-D of shape {x.shape}")
+    _check_dtype(np.dtype(x.dtype))
+    n = x.shape[0]
+    if n == 0 or (x.ndim == 2 and x.shape[1] == 0):
+        raise ValueError(f"cannot make a GDataSet from empty data of shape {x.shape}")
+    if block_rows is None:
+        row_bytes = x.dtype.itemsize * (x.shape[1] if x.ndim == 2 else 1)
+        block_rows = default_block_rows(n, row_bytes)
+    block_rows = _check_block_rows(block_rows)
+    rows = _split(n, block_rows)
+    name = name or f"from-array-{tokenize(x, rows)}"
+    layer = {}
+    start = 0
+    for i, r in enumerate(rows):
+        layer[(name, i)] = Task((name, i), _blocks.to_device, x[start:start + r])
+        start += r
+    graph = HighLevelGraph.from_collections(name, layer, dependencies=())
+    return GDataSet(graph, name, rows, x.shape[1] if x.ndim == 2 else None, x.dtype, _device_backend(mod))
+
+
+def from_dask_array(a: Any, block_rows: int | None = None) -> GDataSet:
+    """A GDataSet whose blocks are the row chunks of a dask array (columns joined into one chunk).
+
+    Parameters
+    ----------
+    a : dask.array.Array
+        1-D or 2-D, NumPy or CuPy chunks.
+    block_rows : int, optional
+        Rechunk rows to this size first; default keeps ``a``'s row chunks.
+    """
+    import dask.array as da
+
+    if not isinstance(a, da.Array):
+        raise TypeError(f"from_dask_array needs a dask.array.Array, got {type(a).__name__}")
+    if a.ndim not in (1, 2):
+        raise ValueError(f"from_dask_array needs a 1-D or 2-D array, got {a.ndim}-D")
+    if any(math.isnan(s) for s in a.shape):
+        raise ValueError("from_dask_array needs known chunk sizes; call a.compute_chunk_sizes() first")
+    _check_dtype(np.dtype(a.dtype))
+    if a.shape[0] == 0 or (a.ndim == 2 and a.shape[1] == 0):
+        raise ValueError(f"cannot make a GDataSet from empty data of shape {a.shape}")
+    rechunk: dict[int, Any] = {}
+    if a.ndim == 2 and a.numblocks[1] != 1:
+        rechunk[1] = -1
+    if block_rows is not None:
+        rechunk[0] = _check_block_rows(block_rows)
+    if rechunk:
+        a = a.rechunk(rechunk)
+    rows = tuple(int(c) for c in a.chunks[0])
+    if any(r == 0 for r in rows):
+        a = a.rechunk({0: tuple(r for r in rows if r)})
+        rows = tuple(int(c) for c in a.chunks[0])
+    name = f"from-dask-array-{tokenize(a)}"
+    layer = {}
+    for i in range(len(rows)):
+        src = (a.name, i, 0) if a.ndim == 2 else (a.name, i)
+        layer[(name, i)] = Task((name, i), _blocks.to_device, TaskRef(src))
+    graph = HighLevelGraph.from_collections(name, layer, dependencies=[a])
+    backend = _device_backend(_array_module_name(a._meta))
+    return GDataSet(graph, name, rows, a.shape[1] if a.ndim == 2 else None, a.dtype, backend)
+
+
+def _numeric_columns(df: Any) -> list[Any]:
+    cols = [c for c, t in df.dtypes.items() if np.dtype(t).kind in "biuf"] if hasattr(df.dtypes, "items") else []
+    if not cols:
+        raise ValueError(
+            "from_dataframe found no numeric columns; the DataFrame's dtypes are "
+            f"{dict(df.dtypes.items())}"
+        )
+    return cols
+
+
+def from_dataframe(df: Any, block_rows: int | None = None, *, columns: list[Any] | None = None) -> GDataSet:
+    """A GDataSet from the numeric columns of a pandas / cuDF / dask(-cuDF) DataFrame.
+
+    Columnar storage maps straight onto the feature-major block layout: each column becomes one
+    contiguous run of a block.
+
+    Parameters
+    ----------
+    df : DataFrame
+        pandas, cuDF, dask or dask-cuDF DataFrame.
+    block_rows : int, optional
+        Rows per block (dask DataFrames: default keeps partitions).
+    columns : list, optional
+        Columns to use; default: every numeric column (others are left out).
+    """
+    cols = list(columns) if columns is not None else _numeric_columns(df)
+    missing = [c for c in cols if c not in df.columns]
+    if missing:
+        raise KeyError(f"columns {missing} are not in the DataFrame (it has {list(df.columns)})")
+    sub = df[cols]
+    dtype = np.result_type(*[np.dtype(t) for t in sub.dtypes])
+    _check_dtype(dtype)
+    mod = type(df).__module__.split(".")[0]
+    if mod in ("dask", "dask_cudf"):
+        arr = sub.to_dask_array(lengths=True).astype(dtype)
+        out = from_dask_array(arr, block_rows=block_rows)
+    elif mod == "cudf":
+        out = from_array(sub.to_cupy(dtype=dtype), block_rows=block_rows)
+    else:
+        out = from_array(np.asfortranarray(sub.to_numpy(dtype=dtype)), block_rows=block_rows)
+    out.columns = [str(c) for c in cols]
+    return out
