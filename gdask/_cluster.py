@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
 from distributed import LocalCluster
@@ -75,7 +76,7 @@ class LocalGPUCluster(LocalCluster):
         pool = rmm_pool_size if rmm_pool_size is not None else _config.get("cuda.rmm-pool-size")
         self._device_plugin = DeviceSetup(self._spec_by_name, rmm_pool_size=pool)
         streams = self.device_specs[0].streams
-        kwargs.setdefault("silence_logs", "error")
+        kwargs.setdefault("silence_logs", logging.ERROR)
         super().__init__(n_workers=0, threads_per_worker=streams, processes=True, **kwargs)
         self.scale(len(self.device_specs))
         self.sync(self._correct_state)

@@ -73,9 +73,11 @@ def _device_metrics(worker) -> dict[str, Any]:
     return {k: v for k, v in info.items() if isinstance(v, (int, float, str)) or v is None}
 
 
-def device_info() -> dict[str, Any] | None:
-    """The calling worker's device description (run with ``client.run``)."""
-    from distributed import get_worker
+def device_info(dask_worker=None) -> dict[str, Any] | None:
+    """The worker's device description: ``client.run(device_info)``."""
+    if dask_worker is None:
+        from distributed import get_worker
 
-    dev = getattr(get_worker(), "gdask_device", None)
+        dask_worker = get_worker()
+    dev = getattr(dask_worker, "gdask_device", None)
     return None if dev is None else dev.info()

@@ -220,7 +220,7 @@ class GDataSet(DaskMethodsMixin):
         """Block ``i`` as a ``dask.delayed`` value."""
         if not -self.nblocks <= i < self.nblocks:
             raise IndexError(f"block {i} out of range for a GDataSet with {self.nblocks} blocks")
-        return Delayed((self.name, i % self.nblocks), self.dask)
+        return Delayed((self.name, i % self.nblocks), self.dask, layer=self.name)
 
     def to_delayed(self) -> list[Delayed]:
         return [self.block(i) for i in range(self.nblocks)]

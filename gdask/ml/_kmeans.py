@@ -1,0 +1,355 @@
+"""K-means over GDataSet blocks with a fused per-block Lloyd kernel."""
+
+from __future__ import annotations
+
+import logging
+import numbers
+import time
+from typing import Any
+
+import dask
+import numpy as np
+from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
+
+from gdask.gdataset import GDataSet, from_array
+from gdask.ml import _kernels
+
+logger = logging.getLogger("gdask.ml")
+
+__all__ = ["KMeans"]
+
+
+def _as_gdataset(X: Any) -> tuple[GDataSet, str]:
+    """(GDataSet, kind of input: 'numpy' | 'cupy' | 'gdataset')."""
+    if isinstance(X, GDataSet):
+        return X, "gdataset"
+    kind = "cupy" if type(X).__module__.split(".")[0] == "cupy" else "numpy"
+    if kind == "numpy" and not (hasattr(X, "columns") and hasattr(X, "dtypes")):
+        X = np.asarray(X)
+        if X.dtype.kind not in "biuf":
+            raise TypeError(f"KMeans needs numeric data, got dtype {X.dtype}")
+        if X.ndim != 2:
+            raise ValueError(f"KMeans needs 2-D data (n_samples, n_features), got shape {X.shape}")
+        if X.size and not np.isfinite(X).all():
+            raise ValueError("Input X contains NaN or infinity; remove or impute them before fitting")
+    return from_array(X), kind
+
+
+def _check_finite(X: GDataSet) -> None:
+    ok = X.reduce_blocks(_all_finite, _all_true, name="check-finite").compute()
+    if not ok:
+        raise ValueError("Input X contains NaN or infinity; remove or impute them before fitting")
+
+
+def _all_finite(b):
+    return bool(b.dtype.kind in "biu" or _kernels_xp(b).isfinite(b).all())
+
+
+def _kernels_xp(b):
+    from gdask.gdataset._blocks import array_module
+
+    return array_module(b)
+
+
+def _all_true(parts):
+    return all(parts)
+
+
+def _to_host(x):
+    return x.get() if hasattr(x, "get") else np.asarray(x)
+
+
+def _weighted_kmeanspp(points: np.ndarray, weights: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Greedy weighted k-means++ (Arthur & Vassilvitskii) on a small host array."""
+    n = points.shape[0]
+    trials = 2 + int(np.log(k))
+    p = weights / weights.sum()
+    centers = np.empty((k, points.shape[1]), points.dtype)
+    first = rng.choice(n, p=p)
+    centers[0] = points[first]
+    d2 = ((points - centers[0]) ** 2).sum(1)
+    for c in range(1, k):
+        pot = weights * d2
+        tot = pot.sum()
+        if tot <= 0:
+            cand = rng.choice(n, size=trials)
+        else:
+            cand = np.searchsorted(np.cumsum(pot), rng.random(trials) * tot)
+            cand = np.minimum(cand, n - 1)
+        cd = ((points[None, :, :] - points[cand][:, None, :]) ** 2).sum(-1)
+        cd = np.minimum(cd, d2[None, :])
+        best = int(np.argmin((cd * weights[None, :]).sum(1)))
+        centers[c] = points[cand[best]]
+        d2 = cd[best]
+    return centers
+
+
+def _sample_block(blk, centers, factor, phi, seed):
+    """k-means|| oversampling: keep each row with probability ``factor * d(x)^2 / phi``."""
+    d2 = _to_host(_kernels.min_sqdist(blk, centers))
+    rng = np.random.default_rng(seed)
+    keep = np.nonzero(rng.random(d2.shape[0]) < factor * d2 / phi)[0]
+    return _to_host(blk[keep])
+
+
+def _count_nearest(blk, centers):
+    labels = _to_host(_kernels.labels_block(blk, centers))
+    return np.bincount(labels, minlength=centers.shape[0]).astype(np.float64)
+
+
+def _sum_parts(parts):
+    out = parts[0]
+    for p in parts[1:]:
+        out = out + p
+    return out
+
+
+def _concat_rows(parts):
+    return np.concatenate(parts, axis=0)
+
+
+def _take_rows(blk, idx):
+    return _to_host(blk[idx])
+
+
+def _sum_mind(blk, centers):
+    return float(_kernels.min_sqdist(blk, centers).sum())
+
+
+class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
+    """K-means clustering (Lloyd) over device-resident blocks, scikit-learn API.
+
+    Accepts NumPy / CuPy arrays, pandas DataFrames and GDataSets; works with a
+    ``distributed.Client`` (blocks on the cluster's devices) or without one (local threads).
+    Each Lloyd iteration runs one fused kernel per block (distances + argmin + partial sums) and
+    a tree reduction of the small partials.
+
+    Parameters
+    ----------
+    n_clusters : int, default 8
+    init : {"k-means||", "k-means++", "random"} or array of shape (n_clusters, n_features)
+        "k-means||" (default) is the scalable oversampling init of Bahmani et al.; "k-means++"
+        runs greedy k-means++ on a uniform sample of at most ``init_sample`` rows (all rows when
+        the data is smaller); "random" picks ``n_clusters`` distinct rows.
+    max_iter : int, default 300
+    tol : float, default 1e-4
+        Relative tolerance (scaled by the mean feature variance, as in scikit-learn) on the
+        squared movement of the centers.
+    random_state : int, Generator or None
+    oversampling_factor : float, default 2.0
+        k-means||: expected candidates per round, times ``n_clusters``.
+    init_max_iter : int, default 5
+        k-means|| rounds.
+    init_sample : int, default 200_000
+        k-means++: rows sampled for the init.
+    verbose : bool or int, default False
+        Print one line per iteration (time, inertia, center shift).
+
+    Attributes
+    ----------
+    cluster_centers_, labels_, inertia_, n_iter_, n_features_in_, iteration_times_
+    """
+
+    def __init__(self, n_clusters: int = 8, *, init: Any = "k-means||", max_iter: int = 300, tol: float = 1e-4,
+                 random_state: Any = None, oversampling_factor: float = 2.0, init_max_iter: int = 5,
+                 init_sample: int = 200_000, verbose: bool | int = False) -> None:
+        self.n_clusters = n_clusters
+        self.init = init
+        self.max_iter = max_iter
+        self.tol = tol
+        self.random_state = random_state
+        self.oversampling_factor = oversampling_factor
+        self.init_max_iter = init_max_iter
+        self.init_sample = init_sample
+        self.verbose = verbose
+
+    # -- validation ----------------------------------------------------------------------------
+    def _check_params(self, n_samples: int, n_features: int) -> None:
+        if not isinstance(self.n_clusters, numbers.Integral) or self.n_clusters < 1:
+            raise ValueError(f"n_clusters must be a positive integer, got {self.n_clusters!r}")
+        if self.n_clusters > n_samples:
+            raise ValueError(f"n_samples={n_samples} should be >= n_clusters={self.n_clusters}")
+        if not isinstance(self.max_iter, numbers.Integral) or self.max_iter < 1:
+            raise ValueError(f"max_iter must be a positive integer, got {self.max_iter!r}")
+        if not isinstance(self.tol, numbers.Real) or self.tol < 0:
+            raise ValueError(f"tol must be a non-negative number, got {self.tol!r}")
+        if isinstance(self.init, str):
+            if self.init not in ("k-means||", "k-means++", "random"):
+                raise ValueError(f"init must be 'k-means||', 'k-means++', 'random' or an array, got {self.init!r}")
+        else:
+            shape = np.shape(self.init)
+            if shape != (self.n_clusters, n_features):
+                raise ValueError(
+                    f"init array must have shape (n_clusters, n_features) = ({self.n_clusters}, {n_features}), got {shape}"
+                )
+
+    def _prepare(self, X: Any, reset: bool) -> tuple[GDataSet, str]:
+        G, kind = _as_gdataset(X)
+        if G.ndim != 2:
+            raise ValueError(f"KMeans needs 2-D data (n_samples, n_features), got shape {G.shape}")
+        if G.dtype.kind != "f":
+            G = G.astype(np.float64)
+        if reset:
+            self.n_features_in_ = G.shape[1]
+            if G.columns is not None and kind == "numpy":
+                self.feature_names_in_ = np.asarray(G.columns, dtype=object)
+        elif G.shape[1] != self.n_features_in_:
+            raise ValueError(f"X has {G.shape[1]} features, but KMeans is expecting {self.n_features_in_} features")
+        return G, kind
+
+    # -- init ----------------------------------------------------------------------------------
+    def _rows(self, X: GDataSet, idx: np.ndarray) -> np.ndarray:
+        idx = np.sort(np.asarray(idx))
+        offs = np.asarray(X.block_offsets + (X.shape[0],))
+        parts = []
+        for b in range(X.nblocks):
+            sel = idx[(idx >= offs[b]) & (idx < offs[b + 1])] - offs[b]
+            if sel.size:
+                parts.append(dask.delayed(_take_rows)(X.block(b), sel))
+        return np.concatenate(dask.compute(*parts), axis=0)
+
+    def _init_centers(self, X: GDataSet, rng: np.random.Generator) -> np.ndarray:
+        n, k = X.shape[0], self.n_clusters
+        if not isinstance(self.init, str):
+            return np.asarray(_to_host(self.init), dtype=X.dtype).copy()
+        if self.init == "random":
+            return self._rows(X, rng.choice(n, size=k, replace=False))[rng.permutation(k)]
+        if self.init == "k-means++":
+            m = min(n, max(self.init_sample, k))
+            pts = self._rows(X, rng.choice(n, size=m, replace=False))
+            return _weighted_kmeanspp(pts.astype(np.float64), np.ones(m), k, rng).astype(X.dtype)
+        # k-means|| (Bahmani et al. 2012)
+        cands = self._rows(X, rng.choice(n, size=1))
+        factor = self.oversampling_factor * k
+        for r in range(self.init_max_iter):
+            phi = X.reduce_blocks(_sum_mind, _sum_parts, cands, name="kmeans-phi").compute()
+            if phi <= 0:
+                break
+            seeds = rng.integers(0, 2**63 - 1, size=X.nblocks)
+            new = dask.compute(*[dask.delayed(_sample_block)(X.block(b), cands, factor, phi, int(seeds[b]))
+                                 for b in range(X.nblocks)])
+            cands = np.concatenate([cands, *new], axis=0)
+        if cands.shape[0] <= k:
+            extra = self._rows(X, rng.choice(n, size=k - cands.shape[0] + 1, replace=False))
+            cands = np.concatenate([cands, extra])[: max(k, cands.shape[0])]
+            if cands.shape[0] == k:
+                return cands.astype(X.dtype)
+        weights = X.reduce_blocks(_count_nearest, _sum_parts, cands, name="kmeans-weights").compute()
+        weights = np.maximum(weights, 1e-12)
+        return _weighted_kmeanspp(cands.astype(np.float64), weights, k, rng).astype(X.dtype)
+
+    # -- fit -----------------------------------------------------------------------------------
+    def fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> KMeans:
+        """Compute the clustering.
+
+        Raises
+        ------
+        ValueError
+            NaN/inf in X, wrong ndim, empty X, n_clusters > n_samples, bad parameters.
+        TypeError
+            Non-numeric data.
+        """
+        if sample_weight is not None:
+            raise NotImplementedError("gdask KMeans does not support sample_weight yet")
+        G, kind = self._prepare(X, reset=True)
+        n, d = G.shape
+        self._check_params(n, d)
+        G = G.persist()
+        if kind != "numpy":
+            _check_finite(G)
+        rng = np.random.default_rng(self.random_state if not isinstance(self.random_state, np.random.RandomState)
+                                    else self.random_state.randint(2**31))
+        centers = self._init_centers(G, rng)
+        variances = G.var(axis=0).compute()
+        tol = float(np.mean(_to_host(variances))) * self.tol
+        times = []
+        for it in range(self.max_iter):
+            t0 = time.perf_counter()
+            sums, counts, inertia = G.reduce_blocks(
+                _kernels.lloyd_partial, _kernels.lloyd_combine, centers, name="lloyd"
+            ).compute()
+            sums, counts = _to_host(sums), _to_host(counts)
+            new = centers.astype(np.float64).copy()
+            nz = counts > 0
+            new[nz] = sums[nz] / counts[nz, None]
+            if (~nz).any():
+                new[~nz] = self._relocate(G, centers, int((~nz).sum()))
+            new = new.astype(G.dtype)
+            shift = float(((new.astype(np.float64) - centers) ** 2).sum())
+            centers = new
+            times.append(time.perf_counter() - t0)
+            if self.verbose:
+                print(f"iteration {it + 1}: {times[-1] * 1e3:.1f} ms, inertia {inertia:.6g}, center shift {shift:.3g}")
+            if shift <= tol:
+                break
+        self.n_iter_ = it + 1
+        self.iteration_times_ = times
+        self.cluster_centers_ = centers if kind != "cupy" else _xp_from_host(centers)
+        labels, mind = self._assign(G, centers)
+        self.labels_ = labels if kind != "cupy" else _xp_from_host(labels)
+        self.inertia_ = float(mind.sum())
+        return self
+
+    def _relocate(self, G: GDataSet, centers: np.ndarray, n_empty: int) -> np.ndarray:
+        """Empty clusters take the points farthest from their centers (as scikit-learn does)."""
+        _, mind = self._assign(G, centers)
+        far = np.argsort(-mind, kind="stable")[:n_empty]
+        return self._rows(G, far)[np.argsort(np.argsort(far))].astype(np.float64)
+
+    def _assign(self, G: GDataSet, centers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        parts = dask.compute(*[dask.delayed(_assign_host)(G.block(b), centers) for b in range(G.nblocks)])
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    # -- predict / transform ---------------------------------------------------------------------
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "cluster_centers_"):
+            from sklearn.exceptions import NotFittedError
+
+            raise NotFittedError("This KMeans instance is not fitted yet. Call 'fit' first.")
+
+    def predict(self, X: Any) -> Any:
+        """Index of the nearest cluster center for each row (NumPy, or CuPy for CuPy input)."""
+        self._check_fitted()
+        G, kind = self._prepare(X, reset=False)
+        labels, _ = self._assign(G, _to_host(self.cluster_centers_).astype(G.dtype))
+        return _xp_from_host(labels) if kind == "cupy" else labels
+
+    def fit_predict(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
+        return self.fit(X, sample_weight=sample_weight).labels_
+
+    def transform(self, X: Any) -> Any:
+        """Distances from each row to every center, shape (n_samples, n_clusters)."""
+        self._check_fitted()
+        G, kind = self._prepare(X, reset=False)
+        c = _to_host(self.cluster_centers_).astype(G.dtype)
+        parts = dask.compute(*[dask.delayed(_distances_host)(G.block(b), c) for b in range(G.nblocks)])
+        out = np.concatenate(parts, axis=0)
+        return _xp_from_host(out) if kind == "cupy" else out
+
+    def fit_transform(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
+        return self.fit(X, sample_weight=sample_weight).transform(X)
+
+    def score(self, X: Any, y: Any = None, sample_weight: Any = None) -> float:
+        """Opposite of the inertia of X against the fitted centers (higher is better)."""
+        self._check_fitted()
+        G, _ = self._prepare(X, reset=False)
+        _, mind = self._assign(G, _to_host(self.cluster_centers_).astype(G.dtype))
+        return -float(mind.sum())
+
+
+def _assign_host(blk, centers):
+    labels, mind = _kernels.assign(blk, centers)
+    return _to_host(labels), _to_host(mind)
+
+
+def _distances_host(blk, centers):
+    xp = _kernels_xp(blk)
+    c = xp.asarray(centers)
+    d2 = (blk * blk).sum(1)[:, None] - 2 * (blk @ c.T) + (c * c).sum(1)[None, :]
+    return _to_host(xp.sqrt(xp.maximum(d2, 0)))
+
+
+def _xp_from_host(x):
+    import cupy
+
+    return cupy.asarray(x)
