@@ -165,8 +165,15 @@ def from_dask_array(a: Any, block_rows: int | None = None) -> GDataSet:
     return GDataSet(graph, name, rows, a.shape[1] if a.ndim == 2 else None, a.dtype, backend)
 
 
+def _kind(t: Any) -> str:
+    try:
+        return np.dtype(t).kind
+    except TypeError:  # pandas extension dtypes (strings, categoricals)
+        return "O"
+
+
 def _numeric_columns(df: Any) -> list[Any]:
-    cols = [c for c, t in df.dtypes.items() if np.dtype(t).kind in "biuf"] if hasattr(df.dtypes, "items") else []
+    cols = [c for c, t in df.dtypes.items() if _kind(t) in "biuf"]
     if not cols:
         raise ValueError(
             "from_dataframe found no numeric columns; the DataFrame's dtypes are "

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The one script to run on a GPU machine: GPU tests, then the GPU benchmarks. Results go to $OUT
+# when it is set (else ./gpu-check-out). Works when dask/distributed come from carried wheels
+# (../shared/device/wheels.sh): install those first, then run this script.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu-check-out}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+python3 -c "import gdask._info as i; print(i.format_info(i.info()))" 2>&1 | tee "$out/info.txt"
+timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$out/gpu-tests.txt"
+timeout 200 python3 benchmarks/kmeans.py --backend cuda --rows 20000000 --skip dask-ml dask-array \
+  --json "$out/kmeans-cuda.json" 2>&1 | tee "$out/kmeans-cuda.txt"

@@ -1,0 +1,30 @@
+import numpy as np
+import pytest
+
+
+def _xps():
+    out = [pytest.param(np, id="numpy")]
+    try:
+        import cupy
+
+        cupy.cuda.runtime.getDeviceCount()
+        out.append(pytest.param(cupy, id="cupy", marks=pytest.mark.gpu))
+    except Exception:  # noqa: BLE001 - no usable GPU
+        pass
+    return out
+
+
+@pytest.fixture(params=_xps())
+def xp(request):
+    """Array module: numpy always, cupy where a GPU exists (tests marked gpu)."""
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def client():
+    import gdask
+    from distributed import Client
+
+    with gdask.LocalGPUCluster(n_devices=2, backend="emulated", device_memory="512MiB",
+                               dashboard_address=":0") as cluster, Client(cluster) as c:
+        yield c

@@ -1,0 +1,101 @@
+import gc
+
+import dask
+import numpy as np
+import pytest
+
+import gdask
+from gdask._devices import DeviceSpec, EmulatedDevice, EmulatedPool, discover, make_specs
+
+
+def test_pool_budget_and_release():
+    pool = EmulatedPool(1000)
+    a = pool.empty((100,), np.float64)
+    assert pool.used == 800
+    with pytest.raises(gdask.DeviceMemoryError, match="out of memory"):
+        pool.empty((50,), np.float64)
+    del a
+    gc.collect()
+    assert pool.used == 0
+    b = pool.empty((100,), np.float64)
+    view = b[10:]
+    pool.adopt(view)  # a view of an owned array costs nothing more
+    assert pool.used == 800
+
+
+def test_single_allocation_larger_than_budget_names_sizes():
+    pool = EmulatedPool(1024)
+    with pytest.raises(gdask.DeviceMemoryError, match="larger than the whole device budget"):
+        pool.empty((1000,), np.float64)
+    assert pool.used == 0
+
+
+def test_oom_is_a_memory_error():
+    assert issubclass(gdask.DeviceMemoryError, MemoryError)
+
+
+def test_emulated_speed_slows_work():
+    import time
+
+    dev = EmulatedDevice(DeviceSpec(0, "emulated", 10**6, speed=0.25))
+    t = time.perf_counter()
+    dev.run(time.sleep, 0.02)
+    assert time.perf_counter() - t >= 0.07
+    assert dev.tasks == 1
+
+
+def test_emulated_layout_and_transfer_accounting():
+    dev = EmulatedDevice(DeviceSpec(0, "emulated", 10**6, bandwidth=10**9))
+    x = dev.asarray(np.ones((10, 3), np.float32))
+    assert x.flags.f_contiguous and dev.bytes_h2d == 120 and dev.pool.used == 120
+
+
+def test_discover_without_gpu_gives_reason():
+    inv = discover("auto")
+    if not inv.cuda_available:
+        assert inv.backend == "emulated" and inv.cuda_reason
+        with pytest.raises(gdask.NoDeviceError, match="cannot be used"):
+            discover("cuda")
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [({"n_devices": 0}, "n_devices"), ({"device_memory": -1}, "device_memory"),
+     ({"device_memory": "lots"}, "device_memory"), ({"n_devices": 2, "device_speeds": [1.0]}, "device_speeds"),
+     ({"n_devices": 1, "device_speeds": [0]}, "speed"), ({"backend": "tpu"}, "backend")],
+)
+def test_bad_specs(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        make_specs(**{"backend": "emulated", **kwargs})
+
+
+def test_config_overrides():
+    with dask.config.set({"gdask.emulated.n-devices": 3, "gdask.emulated.memory": "1GiB"}):
+        specs = make_specs(backend="emulated")
+    assert len(specs) == 3 and specs[0].memory == 2**30
+
+
+def test_config_yaml_matches_schema():
+    import os
+
+    import yaml
+
+    here = os.path.dirname(gdask.__file__)
+    conf = yaml.safe_load(open(os.path.join(here, "gdask.yaml")))["gdask"]
+    schema = yaml.safe_load(open(os.path.join(here, "gdask-schema.yaml")))["properties"]["gdask"]["properties"]
+
+    def walk(c, s, path):
+        assert set(c) == set(s), path
+        for k, v in c.items():
+            if isinstance(v, dict):
+                walk(v, s[k]["properties"], path + [k])
+
+    walk(conf, schema, [])
+
+
+def test_info_reports_backend():
+    from gdask._info import format_info, info
+
+    d = info()
+    assert d["backend"] in ("cuda", "emulated")
+    assert "gdask backend" in format_info(d)

@@ -1,0 +1,142 @@
+import dask
+import dask.array as da
+import numpy as np
+import pandas as pd
+import pytest
+
+import gdask
+
+
+def _np(a):
+    return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+@pytest.fixture
+def data(xp):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1000, 6)).astype(np.float32)
+    return xp, xp.asarray(x), gdask.from_array(xp.asarray(x), block_rows=128)
+
+
+def test_shape_and_blocks(data):
+    xp, x, X = data
+    assert X.shape == (1000, 6) and X.nblocks == 8 and X.row_blocks[-1] == 1000 - 7 * 128
+    assert X.dtype == np.float32 and X.ndim == 2
+    np.testing.assert_array_equal(_np(X.compute()), _np(x))
+
+
+def test_blocks_are_feature_major(data):
+    xp, x, X = data
+    blk = X.block(0).compute()
+    assert blk.flags.f_contiguous and blk.T.flags.c_contiguous
+
+
+def test_keys_are_deterministic(data):
+    xp, x, X = data
+    Y = gdask.from_array(xp.asarray(_np(x).copy()), block_rows=128)
+    assert X.name == Y.name
+    assert ((X * 2 + 1).name == (Y * 2 + 1).name) and ((X * 2).name != (X * 3).name)
+
+
+@pytest.mark.parametrize("op", [lambda a: a * 2 + 1, lambda a: 1 - a, lambda a: a / 3, lambda a: -a,
+                                lambda a: abs(a) ** 0.5, lambda a: a > 0.1])
+def test_elementwise(data, op):
+    xp, x, X = data
+    np.testing.assert_allclose(_np(op(X).compute()), _np(op(x)), rtol=1e-6)
+
+
+def test_ufunc_and_broadcast(data):
+    xp, x, X = data
+    v = xp.arange(6, dtype=xp.float32)
+    np.testing.assert_allclose(_np(np.exp(X).compute()), _np(xp.exp(x)), rtol=1e-6)
+    np.testing.assert_allclose(_np((X * v).compute()), _np(x * v), rtol=1e-6)
+    np.testing.assert_allclose(_np((X - X).compute()), 0)
+
+
+def test_reductions(data):
+    xp, x, X = data
+    h = _np(x).astype(np.float64)
+    np.testing.assert_allclose(_np(X.sum(axis=0).compute()), h.sum(0), rtol=1e-5)
+    np.testing.assert_allclose(_np(X.mean(axis=0).compute()), h.mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_np(X.std(axis=0).compute()), h.std(0), rtol=1e-5)
+    np.testing.assert_allclose(float(X.std().compute()), h.std(), rtol=1e-5)
+    np.testing.assert_allclose(_np(X.min(axis=0).compute()), h.min(0))
+    np.testing.assert_allclose(float(X.max().compute()), h.max())
+    np.testing.assert_array_equal(_np(X.argmin(axis=1).compute()), h.argmin(1))
+    np.testing.assert_array_equal(_np(X.argmax(axis=1).compute()), h.argmax(1))
+    assert isinstance(X.sum(axis=0), da.Array)
+
+
+def test_reduction_result_as_operand(data):
+    xp, x, X = data
+    h = _np(x).astype(np.float64)
+    Z = (X - X.mean(axis=0)) / X.std(axis=0)
+    np.testing.assert_allclose(_np(Z.compute()), (h - h.mean(0)) / h.std(0), rtol=1e-4, atol=1e-5)
+
+
+def test_matmul(data):
+    xp, x, X = data
+    W = xp.asarray(np.random.default_rng(1).standard_normal((6, 3)).astype(np.float32))
+    w = W[:, 0]
+    np.testing.assert_allclose(_np((X @ W).compute()), _np(x @ W), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(_np((X @ w).compute()), _np(x @ w), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(_np((X.T @ X).compute()), _np(x.T @ x), rtol=1e-4)
+    z = X @ w
+    np.testing.assert_allclose(_np((X * z[:, None]).compute()), _np(x * (x @ w)[:, None]), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(_np((X.T @ z).compute()), _np(x.T @ (x @ w)), rtol=1e-3)
+
+
+def test_map_blocks_and_reduce_blocks(data):
+    xp, x, X = data
+    Y = X.map_blocks(lambda b: b[:, :2] * 2)
+    assert Y.shape == (1000, 2)
+    np.testing.assert_allclose(_np(Y.compute()), _np(x[:, :2] * 2))
+    n = X.reduce_blocks(lambda b: b.shape[0], sum).compute()
+    assert n == 1000
+
+
+def test_dask_protocol(data, client):
+    xp, x, X = data
+    (a, b) = dask.compute(X.sum(axis=0), X * 2)
+    np.testing.assert_allclose(_np(b), _np(x * 2))
+    P = X.persist()
+    assert P.name == X.name
+    np.testing.assert_allclose(_np(client.compute(P.sum(axis=0)).result()), _np(x).sum(0), rtol=1e-5)
+    assert "GDataSet" in P._repr_html_()
+
+
+def test_dask_array_round_trip():
+    a = da.random.default_rng(0).random((1000, 5), chunks=(300, 2))
+    X = gdask.from_dask_array(a)
+    assert X.row_blocks == (300, 300, 300, 100)
+    np.testing.assert_allclose(X.compute(), a.compute())
+
+
+def test_from_dataframe_numeric_columns():
+    df = pd.DataFrame({"a": [1.0, 2.0, 3.0], "b": [4, 5, 6], "s": ["x", "y", "z"]})
+    X = gdask.from_dataframe(df, block_rows=2)
+    assert X.shape == (3, 2) and X.columns == ["a", "b"]
+    np.testing.assert_allclose(X.compute(), df[["a", "b"]].to_numpy(float))
+    dd = pytest.importorskip("dask.dataframe")
+    Y = gdask.from_dataframe(dd.from_pandas(df, npartitions=2))
+    np.testing.assert_allclose(Y.compute(), df[["a", "b"]].to_numpy(float))
+
+
+@pytest.mark.parametrize(
+    "x, kwargs, exc, match",
+    [(np.ones((2, 2, 2)), {}, ValueError, "1-D or 2-D"), (np.ones((0, 3)), {}, ValueError, "empty"),
+     (np.array(["a", "b"]), {}, TypeError, "numeric"), (np.ones((4, 2)), {"block_rows": 0}, ValueError, "block_rows"),
+     (np.ones((4, 2)), {"block_rows": -3}, ValueError, "block_rows")],
+)
+def test_bad_input(x, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        gdask.from_array(x, **kwargs)
+
+
+def test_mismatched_blocking_is_an_error():
+    a = gdask.from_array(np.ones((10, 2)), block_rows=5)
+    b = gdask.from_array(np.ones((10, 2)), block_rows=3)
+    with pytest.raises(ValueError, match="same row blocking"):
+        a + b
+    with pytest.raises(TypeError, match="compute"):
+        np.asarray(a)

@@ -1,0 +1,88 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+import gdask
+from gdask.ml import KMeans
+
+sk = pytest.importorskip("sklearn.cluster")
+
+
+@pytest.fixture(scope="module")
+def blobs():
+    from sklearn.datasets import make_blobs
+
+    X, _ = make_blobs(20_000, 8, centers=6, random_state=0)
+    return X.astype(np.float32)
+
+
+def test_equals_sklearn_lloyd_from_same_init(blobs):
+    init = blobs[:6].copy()
+    ours = KMeans(6, init=init, max_iter=30, tol=0).fit(gdask.from_array(blobs, block_rows=3000))
+    ref = sk.KMeans(6, init=init, n_init=1, max_iter=30, tol=0, algorithm="lloyd").fit(blobs)
+    np.testing.assert_allclose(ours.cluster_centers_, ref.cluster_centers_, rtol=1e-4, atol=1e-4)
+    assert (ours.labels_ == ref.labels_).mean() > 0.999
+    assert ours.n_iter_ == ref.n_iter_
+    assert ours.inertia_ == pytest.approx(ref.inertia_, rel=1e-4)
+
+
+@pytest.mark.parametrize("init", ["k-means||", "k-means++", "random"])
+def test_inits_find_good_clusterings(blobs, init):
+    km = KMeans(6, init=init, random_state=0).fit(blobs)
+    ref = sk.KMeans(6, n_init=3, random_state=0).fit(blobs)
+    if init == "random":  # one random start can end in a local minimum; it must still converge
+        assert km.n_iter_ < km.max_iter and np.isfinite(km.inertia_)
+    else:
+        assert km.inertia_ <= ref.inertia_ * 1.05
+    np.testing.assert_array_equal(km.predict(blobs), km.labels_)
+    assert km.transform(blobs[:5]).shape == (5, 6)
+    assert km.score(blobs) == pytest.approx(-km.inertia_, rel=1e-6)
+
+
+def test_deterministic_with_random_state(blobs):
+    a = KMeans(6, random_state=3).fit(blobs).cluster_centers_
+    b = KMeans(6, random_state=3).fit(blobs).cluster_centers_
+    np.testing.assert_array_equal(a, b)
+
+
+def test_with_client_same_answer(blobs, client):
+    init = blobs[:6].copy()
+    a = KMeans(6, init=init, max_iter=20, tol=0).fit(blobs)
+    np.testing.assert_allclose(a.cluster_centers_, KMeans(6, init=init, max_iter=20, tol=0).fit(
+        gdask.from_array(blobs, block_rows=5000)).cluster_centers_, rtol=1e-5)
+
+
+def test_dataframe_and_float64_inputs(blobs):
+    df = pd.DataFrame(blobs.astype(np.float64))
+    km = KMeans(6, random_state=0).fit(df)
+    assert km.cluster_centers_.shape == (6, 8)
+
+
+@pytest.mark.parametrize(
+    "X, kw, exc, match",
+    [(np.array([[1.0, np.nan], [0, 1]]), {"n_clusters": 1}, ValueError, "NaN"),
+     (np.array([[1.0, np.inf], [0, 1]]), {"n_clusters": 1}, ValueError, "NaN"),
+     (np.ones(5), {"n_clusters": 1}, ValueError, "2-D"),
+     (np.ones((0, 3)), {"n_clusters": 1}, ValueError, "empty"),
+     (np.ones((3, 2)), {"n_clusters": 5}, ValueError, "n_clusters"),
+     (np.array([["a", "b"]]), {"n_clusters": 1}, TypeError, "numeric"),
+     (np.ones((4, 2)), {"n_clusters": 2, "init": np.ones((3, 2))}, ValueError, "init array"),
+     (np.ones((4, 2)), {"n_clusters": 2, "init": "bogus"}, ValueError, "init must be")],
+)
+def test_bad_input(X, kw, exc, match):
+    with pytest.raises(exc, match=match):
+        KMeans(**kw).fit(X)
+
+
+def test_nan_in_gdataset_detected():
+    x = np.ones((100, 2))
+    x[50, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        KMeans(2).fit(gdask.from_array(x, block_rows=30))
+
+
+def test_not_fitted():
+    from sklearn.exceptions import NotFittedError
+
+    with pytest.raises(NotFittedError):
+        KMeans(2).predict(np.ones((3, 2)))
