@@ -26,6 +26,8 @@ def _lloyd_numba(xt, centers, sums, counts, labels, want_labels):  # pragma: no 
         cn[c] = s
     dist = np.empty((k, _TILE), xt.dtype)
     lab = np.empty(_TILE, np.int64)
+    mind = np.empty(_TILE, xt.dtype)
+    xn = np.empty(_TILE, xt.dtype)
     inertia = 0.0
     for i0 in range(0, n, _TILE):
         m = min(_TILE, n - i0)
@@ -65,17 +67,23 @@ def _lloyd_numba(xt, centers, sums, counts, labels, want_labels):  # pragma: no 
                     bd = dist[c, i]
                     best = c
             lab[i] = best
+            mind[i] = bd
             counts[best] += 1.0
             if want_labels:
                 labels[i0 + i] = best
+        # ||x||^2 per row (vectorised over rows), so inertia = ||x||^2 + min(||c||^2 - 2 x.c)
+        for i in range(m):
+            xn[i] = 0.0
         for j in range(d):
             xr = xt[j, i0:i0 + m]
             for i in range(m):
-                x = xr[i]
-                l = lab[i]
-                sums[l, j] += x
-                df = x - centers[l, j]
-                inertia += df * df
+                xn[i] += xr[i] * xr[i]
+        # row-major scatter: consecutive adds hit different features, so no dependency chain
+        for i in range(m):
+            srow = sums[lab[i]]
+            for j in range(d):
+                srow[j] += xt[j, i0 + i]
+            inertia += max(xn[i] + mind[i], 0.0)
     return inertia
 
 
