@@ -269,11 +269,12 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
                 _kernels.lloyd_partial, _kernels.lloyd_combine, centers, name="lloyd"
             ).compute()
             sums, counts = _to_host(sums), _to_host(counts)
+            empty = np.nonzero(counts == 0)[0]
+            if empty.size:
+                sums, counts = self._relocate(G, centers, empty, sums.copy(), counts.copy())
             new = centers.astype(np.float64).copy()
             nz = counts > 0
             new[nz] = sums[nz] / counts[nz, None]
-            if (~nz).any():
-                new[~nz] = self._relocate(G, centers, int((~nz).sum()))
             new = new.astype(G.dtype)
             shift = float(((new.astype(np.float64) - centers) ** 2).sum())
             centers = new
@@ -290,11 +291,23 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         self.inertia_ = float(mind.sum())
         return self
 
-    def _relocate(self, G: GDataSet, centers: np.ndarray, n_empty: int) -> np.ndarray:
-        """Empty clusters take the points farthest from their centers (as scikit-learn does)."""
-        _, mind = self._assign(G, centers)
-        far = np.argsort(-mind, kind="stable")[:n_empty]
-        return self._rows(G, far)[np.argsort(np.argsort(far))].astype(np.float64)
+    def _relocate(self, G: GDataSet, centers: np.ndarray, empty: np.ndarray, sums: np.ndarray,
+                  counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Empty clusters take the points farthest from their centers, which leave their old
+        clusters (scikit-learn's rule). Each block reports only its farthest rows."""
+        m = empty.size
+        parts = dask.compute(*[dask.delayed(_farthest_rows)(G.block(b), centers, m) for b in range(G.nblocks)])
+        dists = np.concatenate([p[0] for p in parts])
+        labels = np.concatenate([p[1] for p in parts])
+        rows = np.concatenate([p[2] for p in parts], axis=0).astype(np.float64)
+        order = np.argsort(-dists, kind="stable")[:m]
+        for new_c, j in zip(empty, order):
+            old_c = labels[j]
+            sums[old_c] -= rows[j]
+            counts[old_c] -= 1
+            sums[new_c] = rows[j]
+            counts[new_c] = 1
+        return sums, counts
 
     def _assign(self, G: GDataSet, centers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         parts = dask.compute(*[dask.delayed(_assign_host)(G.block(b), centers) for b in range(G.nblocks)])
@@ -335,6 +348,13 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         G, _ = self._prepare(X, reset=False)
         _, mind = self._assign(G, _to_host(self.cluster_centers_).astype(G.dtype))
         return -float(mind.sum())
+
+
+def _farthest_rows(blk, centers, m):
+    labels, mind = (_to_host(a) for a in _kernels.assign(blk, centers))
+    m = min(m, mind.shape[0])
+    idx = np.argpartition(-mind, m - 1)[:m] if m < mind.shape[0] else np.arange(mind.shape[0])
+    return mind[idx], labels[idx], _to_host(blk[idx])
 
 
 def _assign_host(blk, centers):

@@ -86,3 +86,12 @@ def test_not_fitted():
 
     with pytest.raises(NotFittedError):
         KMeans(2).predict(np.ones((3, 2)))
+
+
+def test_empty_cluster_is_relocated_to_farthest_point():
+    x = np.array([[0.0, 0], [0.1, 0], [0, 0.1], [10, 10]], np.float32)
+    init = np.array([[0.0, 0], [100, 100]], np.float32)  # the second center gets no points
+    km = KMeans(2, init=init, max_iter=1, tol=0).fit(gdask.from_array(x, block_rows=2))
+    np.testing.assert_allclose(km.cluster_centers_[1], [10, 10])
+    ref = sk.KMeans(2, init=init, n_init=1, max_iter=1, tol=0, algorithm="lloyd").fit(x)
+    np.testing.assert_allclose(km.cluster_centers_, ref.cluster_centers_, rtol=1e-5)
