@@ -64,9 +64,15 @@ def partial_op(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return dev.run(func, *args, **kwargs)
 
 
-def combine_op(combine: Callable[[list], Any], *parts: Any) -> Any:
-    """Combine reduction partials (one level of the reduction tree)."""
-    return current_device().run(combine, list(parts))
+def combine_op(combine: Callable[[list], Any], *parts: Any, finalize: tuple | None = None) -> Any:
+    """Combine reduction partials (one level of the reduction tree); at the root, also apply
+    ``finalize = (func, args)`` to the combined value."""
+    dev = current_device()
+    out = parts[0] if len(parts) == 1 else dev.run(combine, list(parts))
+    if finalize is not None:
+        func, args = finalize
+        out = dev.run(func, out, *args)
+    return out
 
 
 def concat_blocks(blocks) -> Any:

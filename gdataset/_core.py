@@ -551,8 +551,10 @@ def _tree_reduce(x: GDataSet, chunk, combine, args, kwargs, *, finalize=None, fi
     for i in range(x.nblocks):
         layer[(part, i)] = Task((part, i), _blocks.partial_op, chunk, *ops.block_args(i), **kwargs)
         level.append((part, i))
+    final = f"{prefix}-{token}"
+    fin = (_identity, ()) if finalize is None else (finalize, tuple(finalize_args))
     depth = 0
-    while len(level) > 1:
+    while len(level) > split_every:
         depth += 1
         nxt = []
         for j in range(0, len(level), split_every):
@@ -560,11 +562,8 @@ def _tree_reduce(x: GDataSet, chunk, combine, args, kwargs, *, finalize=None, fi
             layer[k] = Task(k, _blocks.combine_op, combine, *[TaskRef(r) for r in level[j:j + split_every]])
             nxt.append(k)
         level = nxt
-    final = f"{prefix}-{token}"
-    if finalize is None:
-        layer[final] = Task(final, _blocks.partial_op, _identity, TaskRef(level[0]))
-    else:
-        layer[final] = Task(final, _blocks.partial_op, finalize, TaskRef(level[0]), *finalize_args)
+    # the last combine and the finalize run in one task: one scheduler round trip less per reduction
+    layer[final] = Task(final, _blocks.combine_op, combine, *[TaskRef(r) for r in level], finalize=fin)
     graph = HighLevelGraph.from_collections(final, layer, dependencies=ops.deps)
     return final, graph
 
