@@ -22,6 +22,19 @@ def array_module(x: Any):
     return np
 
 
+def to_numpy(x: Any) -> np.ndarray:
+    """A host NumPy copy of a NumPy or CuPy array (no copy for NumPy)."""
+    return x.get() if hasattr(x, "get") else np.asarray(x)
+
+
+def sum_parts(parts: list) -> Any:
+    """Add reduction partials (arrays or scalars) together."""
+    out = parts[0]
+    for p in parts[1:]:
+        out = out + p
+    return out
+
+
 def _on_device(arg: Any, dev) -> Any:
     """Move small host operands (centers, weights) to the device's array module."""
     if dev.xp is not np and isinstance(arg, np.ndarray):

@@ -89,7 +89,7 @@ class _Operands:
             self.args.append(("ref", a.key))
             self.metas.append(None)
         elif hasattr(a, "shape") and hasattr(a, "dtype") and getattr(a, "ndim", 0) > 0:
-            host = a if isinstance(a, np.ndarray) else _to_numpy(a)
+            host = a if isinstance(a, np.ndarray) else _blocks.to_numpy(a)
             if host.nbytes <= _EMBED_BYTES:
                 self.args.append(("value", a))
             else:
@@ -114,12 +114,6 @@ class _Operands:
 
     def tokens(self) -> list[Any]:
         return [v if kind != "value" else tokenize(v) for kind, v in self.args]
-
-
-def _to_numpy(a: Any) -> np.ndarray:
-    if hasattr(a, "get"):  # cupy
-        return a.get()
-    return np.asarray(a)
 
 
 def _short(t: tuple[int, ...]) -> str:
@@ -422,19 +416,12 @@ def _argmax1(b):
     return b.argmax(axis=1)
 
 
-def _stack_sum(parts):
-    out = parts[0]
-    for p in parts[1:]:
-        out = out + p
-    return out
-
-
 def _r_sum_chunk(b, axis):
     return b.sum(axis=axis, dtype=np.float64 if b.dtype.kind == "f" else None)
 
 
 def _r_sum_combine(parts):
-    return _stack_sum(parts)
+    return _blocks.sum_parts(parts)
 
 
 def _r_min_chunk(b, axis):
@@ -552,7 +539,7 @@ def _tree_reduce(x: GDataSet, chunk, combine, args, kwargs, *, finalize=None, fi
         layer[(part, i)] = Task((part, i), _blocks.partial_op, chunk, *ops.block_args(i), **kwargs)
         level.append((part, i))
     final = f"{prefix}-{token}"
-    fin = (_identity, ()) if finalize is None else (finalize, tuple(finalize_args))
+    fin = None if finalize is None else (finalize, tuple(finalize_args))
     depth = 0
     while len(level) > split_every:
         depth += 1

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from gdask.gdataset._blocks import array_module
+
 _TILE = 128
 
 
@@ -88,7 +90,7 @@ def _lloyd_numba(xt, centers, sums, counts, labels, want_labels):  # pragma: no 
 
 
 def _is_cupy(x) -> bool:
-    return type(x).__module__.split(".")[0] == "cupy"
+    return array_module(x) is not np
 
 
 def _cupy_assign(blk, centers):

@@ -12,6 +12,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
 
 from gdask.gdataset import GDataSet, from_array
+from gdask.gdataset._blocks import array_module, sum_parts, to_numpy
 from gdask.ml import _kernels
 
 logger = logging.getLogger("gdask.ml")
@@ -42,21 +43,11 @@ def _check_finite(X: GDataSet) -> None:
 
 
 def _all_finite(b):
-    return bool(b.dtype.kind in "biu" or _kernels_xp(b).isfinite(b).all())
-
-
-def _kernels_xp(b):
-    from gdask.gdataset._blocks import array_module
-
-    return array_module(b)
+    return bool(b.dtype.kind in "biu" or array_module(b).isfinite(b).all())
 
 
 def _all_true(parts):
     return all(parts)
-
-
-def _to_host(x):
-    return x.get() if hasattr(x, "get") else np.asarray(x)
 
 
 def _weighted_kmeanspp(points: np.ndarray, weights: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -86,22 +77,15 @@ def _weighted_kmeanspp(points: np.ndarray, weights: np.ndarray, k: int, rng: np.
 
 def _sample_block(blk, centers, factor, phi, seed):
     """k-means|| oversampling: keep each row with probability ``factor * d(x)^2 / phi``."""
-    d2 = _to_host(_kernels.min_sqdist(blk, centers))
+    d2 = to_numpy(_kernels.min_sqdist(blk, centers))
     rng = np.random.default_rng(seed)
     keep = np.nonzero(rng.random(d2.shape[0]) < factor * d2 / phi)[0]
-    return _to_host(blk[keep])
+    return to_numpy(blk[keep])
 
 
 def _count_nearest(blk, centers):
-    labels = _to_host(_kernels.labels_block(blk, centers))
+    labels = to_numpy(_kernels.labels_block(blk, centers))
     return np.bincount(labels, minlength=centers.shape[0]).astype(np.float64)
-
-
-def _sum_parts(parts):
-    out = parts[0]
-    for p in parts[1:]:
-        out = out + p
-    return out
 
 
 def _concat_rows(parts):
@@ -109,7 +93,7 @@ def _concat_rows(parts):
 
 
 def _take_rows(blk, idx):
-    return _to_host(blk[idx])
+    return to_numpy(blk[idx])
 
 
 def _sum_mind(blk, centers):
@@ -211,7 +195,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
     def _init_centers(self, X: GDataSet, rng: np.random.Generator) -> np.ndarray:
         n, k = X.shape[0], self.n_clusters
         if not isinstance(self.init, str):
-            return np.asarray(_to_host(self.init), dtype=X.dtype).copy()
+            return np.asarray(to_numpy(self.init), dtype=X.dtype).copy()
         if self.init == "random":
             return self._rows(X, rng.choice(n, size=k, replace=False))[rng.permutation(k)]
         if self.init == "k-means++":
@@ -222,7 +206,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         cands = self._rows(X, rng.choice(n, size=1))
         factor = self.oversampling_factor * k
         for r in range(self.init_max_iter):
-            phi = X.reduce_blocks(_sum_mind, _sum_parts, cands, name="kmeans-phi").compute()
+            phi = X.reduce_blocks(_sum_mind, sum_parts, cands, name="kmeans-phi").compute()
             if phi <= 0:
                 break
             seeds = rng.integers(0, 2**63 - 1, size=X.nblocks)
@@ -234,7 +218,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
             cands = np.concatenate([cands, extra])[: max(k, cands.shape[0])]
             if cands.shape[0] == k:
                 return cands.astype(X.dtype)
-        weights = X.reduce_blocks(_count_nearest, _sum_parts, cands, name="kmeans-weights").compute()
+        weights = X.reduce_blocks(_count_nearest, sum_parts, cands, name="kmeans-weights").compute()
         weights = np.maximum(weights, 1e-12)
         return _weighted_kmeanspp(cands.astype(np.float64), weights, k, rng).astype(X.dtype)
 
@@ -261,14 +245,14 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
                                     else self.random_state.randint(2**31))
         centers = self._init_centers(G, rng)
         variances = G.var(axis=0).compute()
-        tol = float(np.mean(_to_host(variances))) * self.tol
+        tol = float(np.mean(to_numpy(variances))) * self.tol
         times = []
         for it in range(self.max_iter):
             t0 = time.perf_counter()
             sums, counts, inertia = G.reduce_blocks(
                 _kernels.lloyd_partial, _kernels.lloyd_combine, centers, name="lloyd"
             ).compute()
-            sums, counts = _to_host(sums), _to_host(counts)
+            sums, counts = to_numpy(sums), to_numpy(counts)
             empty = np.nonzero(counts == 0)[0]
             if empty.size:
                 sums, counts = self._relocate(G, centers, empty, sums.copy(), counts.copy())
@@ -324,7 +308,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         """Index of the nearest cluster center for each row (NumPy, or CuPy for CuPy input)."""
         self._check_fitted()
         G, kind = self._prepare(X, reset=False)
-        labels, _ = self._assign(G, _to_host(self.cluster_centers_).astype(G.dtype))
+        labels, _ = self._assign(G, to_numpy(self.cluster_centers_).astype(G.dtype))
         return _xp_from_host(labels) if kind == "cupy" else labels
 
     def fit_predict(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
@@ -334,7 +318,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         """Distances from each row to every center, shape (n_samples, n_clusters)."""
         self._check_fitted()
         G, kind = self._prepare(X, reset=False)
-        c = _to_host(self.cluster_centers_).astype(G.dtype)
+        c = to_numpy(self.cluster_centers_).astype(G.dtype)
         parts = dask.compute(*[dask.delayed(_distances_host)(G.block(b), c) for b in range(G.nblocks)])
         out = np.concatenate(parts, axis=0)
         return _xp_from_host(out) if kind == "cupy" else out
@@ -346,27 +330,27 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         """Opposite of the inertia of X against the fitted centers (higher is better)."""
         self._check_fitted()
         G, _ = self._prepare(X, reset=False)
-        _, mind = self._assign(G, _to_host(self.cluster_centers_).astype(G.dtype))
+        _, mind = self._assign(G, to_numpy(self.cluster_centers_).astype(G.dtype))
         return -float(mind.sum())
 
 
 def _farthest_rows(blk, centers, m):
-    labels, mind = (_to_host(a) for a in _kernels.assign(blk, centers))
+    labels, mind = (to_numpy(a) for a in _kernels.assign(blk, centers))
     m = min(m, mind.shape[0])
     idx = np.argpartition(-mind, m - 1)[:m] if m < mind.shape[0] else np.arange(mind.shape[0])
-    return mind[idx], labels[idx], _to_host(blk[idx])
+    return mind[idx], labels[idx], to_numpy(blk[idx])
 
 
 def _assign_host(blk, centers):
     labels, mind = _kernels.assign(blk, centers)
-    return _to_host(labels), _to_host(mind)
+    return to_numpy(labels), to_numpy(mind)
 
 
 def _distances_host(blk, centers):
-    xp = _kernels_xp(blk)
+    xp = array_module(blk)
     c = xp.asarray(centers)
     d2 = (blk * blk).sum(1)[:, None] - 2 * (blk @ c.T) + (c * c).sum(1)[None, :]
-    return _to_host(xp.sqrt(xp.maximum(d2, 0)))
+    return to_numpy(xp.sqrt(xp.maximum(d2, 0)))
 
 
 def _xp_from_host(x):
