@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import numpy as np
+from numba import njit
 
 from gdask._devices import current_device
 
@@ -77,6 +78,29 @@ def partial_op(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return dev.run(func, *args, **kwargs)
 
 
+def to_host(x: Any) -> Any:
+    """A small result with every device array in it (also inside tuples/lists/dicts) copied to host."""
+    if isinstance(x, (tuple, list)):
+        return type(x)(to_host(v) for v in x)
+    if isinstance(x, dict):
+        return {k: to_host(v) for k, v in x.items()}
+    if array_module(x) is not np:
+        return x.get() if getattr(x, "ndim", 0) else x.item()
+    return x
+
+
+def group_partial_op(func: Callable[..., Any], combine: Callable[[list], Any], nargs: int, *flat: Any,
+                     host: bool = False, **kwargs: Any) -> Any:
+    """Run ``func`` on several blocks held by this worker and combine the partials here: one task
+    and one result per group instead of one per block. ``flat`` holds ``nargs`` arguments per block;
+    ``host`` returns the combined partial as host (NumPy) data."""
+    dev = current_device()
+    flat = tuple(_on_device(a, dev) for a in flat)
+    parts = [dev.run(func, *flat[j:j + nargs], **kwargs) for j in range(0, len(flat), nargs)]
+    out = parts[0] if len(parts) == 1 else dev.run(combine, parts)
+    return to_host(out) if host else out
+
+
 def combine_op(combine: Callable[[list], Any], *parts: Any, finalize: tuple | None = None) -> Any:
     """Combine reduction partials (one level of the reduction tree); at the root, also apply
     ``finalize = (func, args)`` to the combined value."""
@@ -86,6 +110,43 @@ def combine_op(combine: Callable[[list], Any], *parts: Any, finalize: tuple | No
         func, args = finalize
         out = dev.run(func, out, *args)
     return out
+
+
+@njit(nogil=True, fastmath={"reassoc", "contract"}, cache=True)
+def _moments_rows(xt, mean, m2):  # pragma: no cover - compiled
+    """Per row of a C-contiguous ``(features, rows)`` array: mean and sum of squared deviations in
+    float64, two vectorised passes, no float64 copy of the block (NaN/inf propagate)."""
+    d, n = xt.shape
+    for j in range(d):
+        r = xt[j]
+        s = 0.0
+        for i in range(n):
+            s += r[i]
+        mu = s / n
+        acc = 0.0
+        for i in range(n):
+            v = r[i] - mu
+            acc += v * v
+        mean[j] = mu
+        m2[j] = acc
+
+
+def moments(b: Any, axis: int | None) -> tuple[int, Any, Any]:
+    """``(count, mean, M2)`` of one block over ``axis`` (0 or None) in float64, for Chan et al.'s
+    parallel variance. NumPy feature-major float blocks take a numba fast path."""
+    n = b.shape[0] if axis == 0 else b.size
+    if (axis == 0 and n and array_module(b) is np and b.ndim == 2 and b.flags.f_contiguous
+            and b.dtype in (np.float32, np.float64)):
+        mean = np.empty(b.shape[1])
+        m2 = np.empty(b.shape[1])
+        _moments_rows(b.T, mean, m2)
+        return n, mean, m2
+    bf = b.astype(np.float64, copy=False)
+    if n == 0:
+        z = bf.sum(axis=axis) * 0
+        return (0, z, z)
+    mean = bf.mean(axis=axis)
+    return n, mean, ((bf - mean) ** 2).sum(axis=axis)
 
 
 def concat_blocks(blocks) -> Any:

@@ -216,6 +216,45 @@ class GDataSet(DaskMethodsMixin):
             raise IndexError(f"block {i} out of range for a GDataSet with {self.nblocks} blocks")
         return Delayed((self.name, i % self.nblocks), self.dask, layer=self.name)
 
+    def reduce_groups(self, chunk: Callable[..., Any], combine: Callable[[list], Any], *args: Any,
+                      groups: Sequence[Sequence[int]] | None = None, name: str | None = None,
+                      host: bool = True, **kwargs: Any) -> list[Delayed]:
+        """First level of :meth:`reduce_blocks` only: one ``dask.delayed`` partial per group.
+
+        Each group's task runs ``chunk(block, *args)`` on its blocks and ``combine``s them where the
+        blocks live; the caller combines the (few, small) results, typically on the client with
+        ``combine(dask.compute(*parts))``. This saves the root task and its transfers, which is a
+        good part of an iteration's latency in a loop such as K-means. ``groups`` defaults to
+        :meth:`block_groups` (or one group per block when not persisted). With ``host`` (default)
+        the partials come back as NumPy data, so the caller needs no GPU.
+        """
+        if groups is None:
+            groups = self.block_groups() or [[i] for i in range(self.nblocks)]
+        keys, graph, layer = _tree_reduce(self, chunk, combine, args, kwargs, name=name, groups=groups, root=False,
+                                          group_kwargs={"host": host})
+        return [Delayed(k, graph, layer=layer) for k in keys]
+
+    def block_groups(self, client: Any = None) -> list[list[int]] | None:
+        """Block indices grouped by the worker thread that holds them, for ``reduce_blocks(groups=)``.
+
+        Each worker's blocks are split into as many groups as it has threads, so grouped tasks still
+        use every thread (stream). ``None`` when there is no Dask client or the blocks are not
+        persisted. Waits for blocks still being persisted and asks the scheduler where they are:
+        call it once per loop, not per iteration.
+        """
+        from gdask.gdataset._repr import block_workers
+
+        where = block_workers(self, client, wait_ready=True)
+        if where is None or len(where[0]) != self.nblocks:
+            return None
+        workers, nthreads = where
+        groups: list[list[int]] = []
+        for addr in sorted(set(workers.values())):
+            mine = sorted(i for i, w in workers.items() if w == addr)
+            t = max(1, min(nthreads.get(addr, 1), len(mine)))
+            groups.extend(mine[j::t] for j in range(t))
+        return groups
+
     def to_delayed(self) -> list[Delayed]:
         return [self.block(i) for i in range(self.nblocks)]
 
@@ -243,13 +282,17 @@ class GDataSet(DaskMethodsMixin):
 
     def reduce_blocks(self, chunk: Callable[..., Any], combine: Callable[[list], Any], *args: Any,
                       finalize: Callable[[Any], Any] | None = None, split_every: int = 8,
-                      name: str | None = None, **kwargs: Any) -> Delayed:
+                      name: str | None = None, groups: Sequence[Sequence[int]] | None = None,
+                      **kwargs: Any) -> Delayed:
         """Tree reduction over blocks: ``chunk(block, *args)`` per block, then ``combine(list)``.
 
         Returns a ``dask.delayed`` object whose ``.compute()`` gives ``finalize(combined)``.
+        ``groups`` (lists of block indices, see :meth:`block_groups`) runs each group's chunks in
+        one task and combines them there: fewer tasks and transfers when a group's blocks share a
+        worker. ``combine`` must then accept partials of a group as well as combined values.
         """
         key = _tree_reduce(self, chunk, combine, args, kwargs, finalize=finalize, split_every=split_every,
-                           name=name)
+                           name=name, groups=groups)
         return Delayed(key[0], key[1])
 
     # -- elementwise -----------------------------------------------------------------------------
@@ -444,14 +487,7 @@ def _r_max_combine(parts):
 
 def _r_moment_chunk(b, axis):
     """(count, mean, M2) of one block, in float64 (Chan et al. parallel variance)."""
-    bf = b.astype(np.float64, copy=False)
-    n = b.shape[0] if axis == 0 else b.size
-    if n == 0:
-        z = bf.sum(axis=axis) * 0
-        return (0, z, z)
-    mean = bf.mean(axis=axis)
-    m2 = ((bf - mean) ** 2).sum(axis=axis)
-    return (n, mean, m2)
+    return _blocks.moments(b, axis)
 
 
 def _r_moment_combine(parts):
@@ -525,19 +561,40 @@ def _elemwise(func: Callable, *args: Any, dtype: Any = None, ncols: Any = "infer
 
 
 def _tree_reduce(x: GDataSet, chunk, combine, args, kwargs, *, finalize=None, finalize_args=(),
-                 split_every: int = 8, name: str | None = None, extra: tuple = ()):
-    """Build a reduction tree over ``x``'s blocks; returns (final key, graph)."""
+                 split_every: int = 8, name: str | None = None, extra: tuple = (),
+                 groups: Sequence[Sequence[int]] | None = None, root: bool = True,
+                 group_kwargs: dict | None = None):
+    """Build a reduction tree over ``x``'s blocks; returns (final key, graph).
+
+    With ``groups`` (lists of block indices, e.g. from :meth:`GDataSet.block_groups`), the first
+    level is one task per group that runs ``chunk`` on each of its blocks and combines locally.
+    With ``root=False`` only that first level is built: returns (list of its keys, graph, layer name).
+    """
     if split_every < 2:
         raise ValueError(f"split_every must be >= 2, got {split_every}")
     ops = _Operands(x, (x,) + tuple(extra) + tuple(args))
     prefix = name or _fname(chunk)
-    token = tokenize(chunk, combine, finalize, finalize_args, *ops.tokens(), kwargs, split_every)
+    if groups is not None:
+        groups = [list(g) for g in groups if len(g)]
+        if sorted(i for g in groups for i in g) != list(range(x.nblocks)):
+            raise ValueError(f"groups must cover each of the {x.nblocks} blocks exactly once")
+    token = tokenize(chunk, combine, finalize, finalize_args, *ops.tokens(), kwargs, split_every, groups,
+                     group_kwargs, root)
     part = f"{prefix}-partial-{token}"
     layer = dict(ops.graph)
     level = []
-    for i in range(x.nblocks):
-        layer[(part, i)] = Task((part, i), _blocks.partial_op, chunk, *ops.block_args(i), **kwargs)
-        level.append((part, i))
+    if groups is None:
+        for i in range(x.nblocks):
+            layer[(part, i)] = Task((part, i), _blocks.partial_op, chunk, *ops.block_args(i), **kwargs)
+            level.append((part, i))
+    else:
+        for gi, g in enumerate(groups):
+            flat = [a for i in g for a in ops.block_args(i)]
+            layer[(part, gi)] = Task((part, gi), _blocks.group_partial_op, chunk, combine,
+                                     len(flat) // len(g), *flat, **(group_kwargs or {}), **kwargs)
+            level.append((part, gi))
+    if not root:
+        return level, HighLevelGraph.from_collections(part, layer, dependencies=ops.deps), part
     final = f"{prefix}-{token}"
     fin = None if finalize is None else (finalize, tuple(finalize_args))
     depth = 0

@@ -73,9 +73,10 @@ def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None
     ----------
     x : array-like
         NumPy array, CuPy array, or anything ``np.asarray`` accepts.
-    block_rows : int, optional
+    block_rows : int or sequence of int, optional
         Rows per block. Default: about ``gdask.gdataset.block-bytes`` (64 MiB) per block and at
-        least 8 blocks for large data.
+        least 8 blocks for large data. A sequence gives every block's rows, e.g. ``Y.row_blocks``
+        to block ``x`` like another GDataSet ``Y``.
     name : str, optional
         Key prefix; the default is derived from the content, so the same data gives the same keys.
 
@@ -111,8 +112,12 @@ def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None
     if block_rows is None:
         row_bytes = x.dtype.itemsize * (x.shape[1] if x.ndim == 2 else 1)
         block_rows = default_block_rows(n, row_bytes)
-    block_rows = _check_block_rows(block_rows)
-    rows = _split(n, block_rows)
+    if isinstance(block_rows, (tuple, list)):  # an exact blocking, e.g. another GDataSet's row_blocks
+        rows = tuple(_check_block_rows(r) for r in block_rows)
+        if sum(rows) != n:
+            raise ValueError(f"block_rows {_short_rows(rows)} add up to {sum(rows)} rows, but the array has {n}")
+    else:
+        rows = _split(n, _check_block_rows(block_rows))
     name = name or f"from-array-{tokenize(x, rows)}"
     layer = {}
     start = 0
@@ -121,6 +126,10 @@ def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None
         start += r
     graph = HighLevelGraph.from_collections(name, layer, dependencies=())
     return GDataSet(graph, name, rows, x.shape[1] if x.ndim == 2 else None, x.dtype, _device_backend(mod))
+
+
+def _short_rows(rows) -> str:
+    return str(rows) if len(rows) <= 6 else f"({rows[0]}, {rows[1]}, ..., {rows[-1]})"
 
 
 def from_dask_array(a: Any, block_rows: int | None = None) -> GDataSet:

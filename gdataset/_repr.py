@@ -8,30 +8,53 @@ from typing import Any
 from dask.utils import format_bytes
 
 
+def block_workers(x, client=None, wait_ready: bool = False) -> tuple[dict[int, str], dict[str, int]] | None:
+    """``({block index: worker address}, {worker address: nthreads})`` for the blocks of ``x`` held
+    in cluster memory (first holder of each), or ``None`` without a client or persisted blocks.
+    ``wait_ready`` waits for blocks still being computed by ``persist``."""
+    if client is None:
+        try:
+            from distributed import default_client
+
+            client = default_client()
+        except (ImportError, ValueError):
+            return None
+    from distributed import futures_of, wait
+
+    futures = futures_of(x)
+    index = {k: i for i, k in enumerate(x.__dask_keys__())}
+    if len(futures) < len(index) or not all(f.key in index for f in futures):
+        return None  # not (only) persisted blocks
+    keys = [f.key for f in futures]
+
+    async def ask():  # both questions in one round trip
+        import asyncio
+
+        return await asyncio.gather(client.scheduler.who_has(keys=keys), client.scheduler.ncores())
+
+    try:
+        if wait_ready:
+            wait(futures)
+        who, nthreads = client.sync(ask)
+    except Exception:  # noqa: BLE001 - no scheduler: treat as not persisted
+        return None
+    workers = {index[k]: sorted(addrs)[0] for k, addrs in who.items() if k in index and addrs}
+    return workers, {addr: int(n) for addr, n in nthreads.items()}
+
+
 def block_locations(x) -> dict[int, str]:
     """Block index -> worker name for blocks held in cluster memory (empty if not persisted)."""
+    where = block_workers(x)
+    if where is None:
+        return {}
     try:
-        from distributed import Future, default_client
+        from distributed import default_client
 
-        client = default_client()
-    except (ImportError, ValueError):
-        return {}
-    futures = {}
-    for i, k in enumerate(x.__dask_keys__()):
-        node = x.dask.get(k) if hasattr(x.dask, "get") else None
-        fut = getattr(node, "value", node)
-        if isinstance(fut, Future):
-            futures[k] = i
-    if not futures:
-        return {}
-    try:
-        who = client.who_has(list(futures))
-        info = client.scheduler_info(n_workers=-1)["workers"]
+        info = default_client().scheduler_info(n_workers=-1)["workers"]
     except Exception:  # noqa: BLE001 - a repr must never raise
         return {}
     names = {addr: str(w.get("name", addr)) for addr, w in info.items()}
-    return {futures[k]: ", ".join(names.get(a, a) for a in addrs) for k, addrs in who.items()
-            if k in futures}
+    return {i: names.get(a, a) for i, a in where[0].items()}
 
 
 def gdataset_html(x: Any) -> str:

@@ -15,8 +15,13 @@ _TILE = 128
 
 
 @njit(nogil=True, fastmath=True, cache=True)
-def _lloyd_numba(xt, centers, sums, counts, labels, want_labels):  # pragma: no cover - compiled
+def _lloyd_numba(xt, w, centers, sums, counts, labels, rowd, want_rows, topv, topi, topl):  # pragma: no cover - compiled
     d, n = xt.shape
+    weighted = w.shape[0] > 0
+    q = topv.shape[0]
+    thr = topv[0]
+    for t in range(1, q):
+        thr = min(thr, topv[t])
     k = centers.shape[0]
     c2 = np.empty((k, d), xt.dtype)
     cn = np.empty(k, xt.dtype)
@@ -38,20 +43,30 @@ def _lloyd_numba(xt, centers, sums, counts, labels, want_labels):  # pragma: no 
             v = cn[c]
             for i in range(m):
                 dr[i] = v
+        # dist[c] = ||c||^2 - 2 x.c, register-blocked: 4 features x 2 centers per pass over the
+        # tile, so each loaded x vector feeds 8 FMAs and the 8 weights stay in registers
         j = 0
         while j + 4 <= d:
             x0 = xt[j, i0:i0 + m]
             x1 = xt[j + 1, i0:i0 + m]
             x2 = xt[j + 2, i0:i0 + m]
             x3 = xt[j + 3, i0:i0 + m]
-            for c in range(k):
-                w0 = c2[c, j]
-                w1 = c2[c, j + 1]
-                w2 = c2[c, j + 2]
-                w3 = c2[c, j + 3]
-                dr = dist[c]
+            c = 0
+            while c + 2 <= k:
+                a0, a1, a2, a3 = c2[c, j], c2[c, j + 1], c2[c, j + 2], c2[c, j + 3]
+                b0, b1, b2, b3 = c2[c + 1, j], c2[c + 1, j + 1], c2[c + 1, j + 2], c2[c + 1, j + 3]
+                da = dist[c]
+                db = dist[c + 1]
                 for i in range(m):
-                    dr[i] += w0 * x0[i] + w1 * x1[i] + w2 * x2[i] + w3 * x3[i]
+                    u0, u1, u2, u3 = x0[i], x1[i], x2[i], x3[i]
+                    da[i] += a0 * u0 + a1 * u1 + a2 * u2 + a3 * u3
+                    db[i] += b0 * u0 + b1 * u1 + b2 * u2 + b3 * u3
+                c += 2
+            if c < k:
+                a0, a1, a2, a3 = c2[c, j], c2[c, j + 1], c2[c, j + 2], c2[c, j + 3]
+                da = dist[c]
+                for i in range(m):
+                    da[i] += a0 * x0[i] + a1 * x1[i] + a2 * x2[i] + a3 * x3[i]
             j += 4
         while j < d:
             x0 = xt[j, i0:i0 + m]
@@ -61,31 +76,61 @@ def _lloyd_numba(xt, centers, sums, counts, labels, want_labels):  # pragma: no 
                 for i in range(m):
                     dr[i] += w0 * x0[i]
             j += 1
+        # argmin over centers, vectorised over rows (selects, no branches); ties keep the lowest index
         for i in range(m):
-            best = 0
-            bd = dist[0, i]
-            for c in range(1, k):
-                if dist[c, i] < bd:
-                    bd = dist[c, i]
-                    best = c
-            lab[i] = best
-            mind[i] = bd
-            counts[best] += 1.0
-            if want_labels:
-                labels[i0 + i] = best
-        # ||x||^2 per row (vectorised over rows), so inertia = ||x||^2 + min(||c||^2 - 2 x.c)
-        for i in range(m):
-            xn[i] = 0.0
-        for j in range(d):
-            xr = xt[j, i0:i0 + m]
+            mind[i] = dist[0, i]
+            lab[i] = 0
+        for c in range(1, k):
+            dr = dist[c]
             for i in range(m):
-                xn[i] += xr[i] * xr[i]
+                v = dr[i]
+                better = v < mind[i]
+                mind[i] = v if better else mind[i]
+                lab[i] = c if better else lab[i]
+        if not want_rows:
+            # ||x||^2 per row (vectorised over rows): distance to the chosen center in expanded form
+            for i in range(m):
+                xn[i] = 0.0
+            for j in range(d):
+                xr = xt[j, i0:i0 + m]
+                for i in range(m):
+                    xn[i] += xr[i] * xr[i]
         # row-major scatter: consecutive adds hit different features, so no dependency chain
         for i in range(m):
-            srow = sums[lab[i]]
-            for j in range(d):
-                srow[j] += xt[j, i0 + i]
-            inertia += max(xn[i] + mind[i], 0.0)
+            li = lab[i]
+            wi = w[i0 + i] if weighted else 1.0
+            counts[li] += wi
+            srow = sums[li]
+            if want_rows:  # exact squared distance (no cancellation), riding on the same loads
+                crow = centers[li]
+                di = 0.0
+                for j in range(d):
+                    x = xt[j, i0 + i]
+                    srow[j] += wi * x
+                    v = x - crow[j]
+                    di += v * v
+                labels[i0 + i] = li
+                rowd[i0 + i] = di
+            elif weighted:
+                for j in range(d):
+                    srow[j] += wi * xt[j, i0 + i]
+                di = max(xn[i] + mind[i], 0.0)
+            else:
+                for j in range(d):
+                    srow[j] += xt[j, i0 + i]
+                di = max(xn[i] + mind[i], 0.0)
+            inertia += wi * di
+            if q and di > thr:  # keep the q rows farthest from their centers (empty-cluster relocation)
+                t_min = 0
+                for t in range(1, q):
+                    if topv[t] < topv[t_min]:
+                        t_min = t
+                topv[t_min] = di
+                topi[t_min] = i0 + i
+                topl[t_min] = li
+                thr = topv[0]
+                for t in range(1, q):
+                    thr = min(thr, topv[t])
     return inertia
 
 
@@ -103,45 +148,79 @@ def _cupy_assign(blk, centers):
     return labels, (diff * diff).sum(axis=1, dtype=cp.float64)
 
 
-def lloyd_partial(blk, centers):
-    """One block's Lloyd statistics: ``(sums (k, d) float64, counts (k,) float64, inertia)``."""
+#: rows per block kept as candidates for empty clusters; more empty clusters than this at once take
+#: an extra pass (:func:`farthest_rows`)
+N_FARTHEST = 8
+
+
+def lloyd_partial(blk, centers, w=None):
+    """One block's Lloyd statistics, a dict: ``sums (k, d)`` and ``counts (k,)`` (float64, weighted
+    by the rows' ``w`` if given), ``inertia``, and the block's rows farthest from their centers
+    (``far_d``, ``far_label``, ``far_rows``, ``far_w``), which empty clusters take as scikit-learn
+    does, without another pass over the data."""
     k, d = centers.shape
+    q = min(N_FARTHEST, blk.shape[0])
     if _is_cupy(blk):
         import cupy as cp
 
         labels, mind = _cupy_assign(blk, centers)
+        ww = cp.ones(blk.shape[0], cp.float64) if w is None else w.astype(cp.float64)
         sums = cp.zeros((k, d), cp.float64)
-        cp.add.at(sums, labels, blk.astype(cp.float64))
-        counts = cp.bincount(labels, minlength=k).astype(cp.float64)
-        return sums, counts, float(mind.sum())
+        cp.add.at(sums, labels, blk.astype(cp.float64) * ww[:, None])
+        counts = cp.bincount(labels, weights=ww, minlength=k)
+        idx = cp.argsort(-mind)[:q]
+        return {"sums": sums.get(), "counts": counts.get(), "inertia": float((mind * ww).sum()),
+                "far_d": mind[idx].get(), "far_label": labels[idx].get(), "far_rows": blk[idx].get(),
+                "far_w": ww[idx].get()}
     sums = np.zeros((k, d), np.float64)
     counts = np.zeros(k, np.float64)
     c = np.ascontiguousarray(centers, dtype=blk.dtype)
-    inertia = _lloyd_numba(blk.T, c, sums, counts, np.empty(0, np.int64), False)
-    return sums, counts, inertia
+    topv = np.full(q, -1.0)
+    topi = np.zeros(q, np.int64)
+    topl = np.zeros(q, np.int64)
+    wv = _NO_WEIGHTS if w is None else np.ascontiguousarray(w, dtype=np.float64)
+    inertia = _lloyd_numba(blk.T, wv, c, sums, counts, topi, topv, False, topv, topi, topl)
+    keep = topv >= 0
+    idx = topi[keep]
+    return {"sums": sums, "counts": counts, "inertia": inertia, "far_d": topv[keep], "far_label": topl[keep],
+            "far_rows": np.asarray(blk[idx]), "far_w": np.ones(idx.size) if w is None else wv[idx]}
+
+
+_NO_WEIGHTS = np.empty(0, np.float64)
+
+
+_FAR = ("far_d", "far_label", "far_rows", "far_w")
 
 
 def lloyd_combine(parts):
-    sums, counts, inertia = parts[0]
-    for s, c, i in parts[1:]:
-        sums = sums + s
-        counts = counts + c
-        inertia = inertia + i
-    return sums, counts, inertia
+    """Add Lloyd partials; keep the ``N_FARTHEST`` farthest rows over all of them."""
+    out = dict(parts[0])
+    for p in parts[1:]:
+        out["sums"] = out["sums"] + p["sums"]
+        out["counts"] = out["counts"] + p["counts"]
+        out["inertia"] = out["inertia"] + p["inertia"]
+        for key in _FAR:
+            out[key] = np.concatenate([out[key], p[key]])
+    if len(out["far_d"]) > N_FARTHEST:
+        top = np.argsort(-out["far_d"], kind="stable")[:N_FARTHEST]
+        for key in _FAR:
+            out[key] = out[key][top]
+    return out
 
 
 def assign(blk, centers):
-    """Labels (int32) and squared distance to the nearest center (float64) of one block's rows."""
+    """Labels (int32) and exact squared distance to the nearest center (float64) of one block's rows."""
     if _is_cupy(blk):
         labels, mind = _cupy_assign(blk, centers)
         return labels.astype("int32"), mind
     n = blk.shape[0]
     k, d = centers.shape
     c = np.ascontiguousarray(centers, dtype=blk.dtype)
-    labels = np.empty(n, np.int64)
-    _lloyd_numba(blk.T, c, np.zeros((k, d)), np.zeros(k), labels, True)
-    diff = blk - c[labels]
-    return labels.astype(np.int32), np.einsum("ij,ij->i", diff, diff, dtype=np.float64)
+    labels = np.empty(n, np.int32)
+    mind = np.empty(n, np.float64)
+    _lloyd_numba(blk.T, _NO_WEIGHTS, c, np.zeros((k, d)), np.zeros(k), labels, mind, True, np.empty(0),
+                 np.empty(0, np.int64), np.empty(0, np.int64))
+    return labels, mind
 
 
 def labels_block(blk, centers):

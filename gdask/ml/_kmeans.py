@@ -12,6 +12,8 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
 
 from gdask.gdataset import GDataSet, from_array
+from gdask.gdataset import from_dask_array as gdask_from_dask_array
+from gdask.gdataset import from_dataframe
 from gdask.gdataset._blocks import array_module, sum_parts, to_numpy
 from gdask.ml import _kernels
 
@@ -20,20 +22,20 @@ logger = logging.getLogger("gdask.ml")
 __all__ = ["KMeans"]
 
 
-def _as_gdataset(X: Any) -> tuple[GDataSet, str]:
-    """(GDataSet, kind of input: 'numpy' | 'cupy' | 'gdataset')."""
-    if isinstance(X, GDataSet):
-        return X, "gdataset"
-    kind = "cupy" if type(X).__module__.split(".")[0] == "cupy" else "numpy"
-    if kind == "numpy" and not (hasattr(X, "columns") and hasattr(X, "dtypes")):
-        X = np.asarray(X)
-        if X.dtype.kind not in "biuf":
-            raise TypeError(f"KMeans needs numeric data, got dtype {X.dtype}")
-        if X.ndim != 2:
-            raise ValueError(f"KMeans needs 2-D data (n_samples, n_features), got shape {X.shape}")
-        if X.size and not np.isfinite(X).all():
-            raise ValueError("Input X contains NaN or infinity; remove or impute them before fitting")
-    return from_array(X), kind
+def _is_host_input(X: Any) -> bool:
+    """In-memory host data scikit-learn's own validation understands (arrays, lists, pandas, sparse)."""
+    if isinstance(X, GDataSet) or type(X).__module__.split(".")[0] in ("cupy", "cudf", "dask_cudf"):
+        return False
+    return not hasattr(X, "__dask_graph__")
+
+
+def _persisted(X: GDataSet) -> bool:
+    """All blocks already held in cluster memory (persist again would cost a round trip)."""
+    try:
+        from distributed import futures_of
+    except ImportError:
+        return False
+    return len(futures_of(X)) == X.nblocks
 
 
 def _check_finite(X: GDataSet) -> None:
@@ -75,17 +77,29 @@ def _weighted_kmeanspp(points: np.ndarray, weights: np.ndarray, k: int, rng: np.
     return centers
 
 
-def _sample_block(blk, centers, factor, phi, seed):
-    """k-means|| oversampling: keep each row with probability ``factor * d(x)^2 / phi``."""
+def _sample_block(blk, centers, factor, phi, seed, w=None):
+    """k-means|| oversampling: keep each row with probability ``factor * w d(x)^2 / phi``."""
     d2 = to_numpy(_kernels.min_sqdist(blk, centers))
+    if w is not None:
+        d2 = d2 * to_numpy(w)
     rng = np.random.default_rng(seed)
     keep = np.nonzero(rng.random(d2.shape[0]) < factor * d2 / phi)[0]
     return to_numpy(blk[keep])
 
 
-def _count_nearest(blk, centers):
+def _count_nearest(blk, centers, w=None):
     labels = to_numpy(_kernels.labels_block(blk, centers))
-    return np.bincount(labels, minlength=centers.shape[0]).astype(np.float64)
+    return np.bincount(labels, weights=None if w is None else to_numpy(w),
+                       minlength=centers.shape[0]).astype(np.float64)
+
+
+def _choice(rng: np.random.Generator, n: int, size: int, p: np.ndarray | None) -> np.ndarray:
+    """``size`` distinct row indices, drawn with probabilities ``p`` (rows with p=0 last resort)."""
+    if p is not None and np.count_nonzero(p) < size:  # not enough weighted rows: fill uniformly
+        first = np.nonzero(p)[0]
+        rest = rng.choice(np.setdiff1d(np.arange(n), first), size=size - first.size, replace=False)
+        return np.concatenate([first, rest])
+    return rng.choice(n, size=size, replace=False, p=p)
 
 
 def _concat_rows(parts):
@@ -96,8 +110,9 @@ def _take_rows(blk, idx):
     return to_numpy(blk[idx])
 
 
-def _sum_mind(blk, centers):
-    return float(_kernels.min_sqdist(blk, centers).sum())
+def _sum_mind(blk, centers, w=None):
+    d2 = _kernels.min_sqdist(blk, centers)
+    return float(d2.sum() if w is None else (d2 * w).sum())
 
 
 class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
@@ -168,7 +183,19 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
                 )
 
     def _prepare(self, X: Any, reset: bool) -> tuple[GDataSet, str]:
-        G, kind = _as_gdataset(X)
+        """(GDataSet, kind of input: 'numpy' | 'cupy' | 'gdataset'). Host input goes through
+        scikit-learn's ``validate_data`` (same errors, ``n_features_in_``, ``feature_names_in_``)."""
+        if _is_host_input(X):
+            from sklearn.utils.validation import validate_data
+
+            X = validate_data(self, X, accept_sparse=False, dtype=[np.float64, np.float32], reset=reset)
+            return from_array(X), "numpy"
+        if isinstance(X, GDataSet):
+            G, kind = X, "gdataset"
+        elif type(X).__module__.split(".")[0] == "cupy":
+            G, kind = from_array(X), "cupy"
+        else:  # dask / cuDF DataFrames and dask arrays
+            G, kind = from_dataframe(X) if hasattr(X, "columns") else gdask_from_dask_array(X), "gdataset"
         if G.ndim != 2:
             raise ValueError(f"KMeans needs 2-D data (n_samples, n_features), got shape {G.shape}")
         if G.dtype.kind != "f":
@@ -181,6 +208,28 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
             raise ValueError(f"X has {G.shape[1]} features, but KMeans is expecting {self.n_features_in_} features")
         return G, kind
 
+    @staticmethod
+    def _weights(sample_weight: Any, G: GDataSet) -> GDataSet | None:
+        """``sample_weight`` as a 1-D GDataSet blocked like ``G`` (None: all ones)."""
+        if sample_weight is None:
+            return None
+        if isinstance(sample_weight, GDataSet):
+            if sample_weight.ndim != 1 or sample_weight.row_blocks != G.row_blocks:
+                raise ValueError("sample_weight as a GDataSet must be 1-D and blocked like X")
+            w = to_numpy(sample_weight.compute())
+        else:
+            from sklearn.utils.validation import _check_sample_weight
+
+            w = to_numpy(sample_weight) if hasattr(sample_weight, "__cuda_array_interface__") else sample_weight
+            w = _check_sample_weight(w, np.empty((G.shape[0], 0)), dtype=np.float64, ensure_non_negative=True)
+        if not np.isfinite(w).all():
+            raise ValueError("sample_weight contains NaN or infinity")
+        if (w < 0).any():
+            raise ValueError("sample_weight must be non-negative")
+        if not (w > 0).any():
+            raise ValueError("Sample weights must contain at least one non-zero number; all are zero.")
+        return from_array(w.astype(np.float64), block_rows=G.row_blocks)
+
     # -- init ----------------------------------------------------------------------------------
     def _rows(self, X: GDataSet, idx: np.ndarray) -> np.ndarray:
         idx = np.sort(np.asarray(idx))
@@ -192,33 +241,40 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
                 parts.append(dask.delayed(_take_rows)(X.block(b), sel))
         return np.concatenate(dask.compute(*parts), axis=0)
 
-    def _init_centers(self, X: GDataSet, rng: np.random.Generator) -> np.ndarray:
+    def _init_centers(self, X: GDataSet, rng: np.random.Generator, W: GDataSet | None = None) -> np.ndarray:
+        """Initial centers; sample weights weigh the draws (rows with weight 0 are never drawn)."""
         n, k = X.shape[0], self.n_clusters
         if not isinstance(self.init, str):
             return np.asarray(to_numpy(self.init), dtype=X.dtype).copy()
+        p = None
+        if W is not None:
+            w = to_numpy(W.compute())
+            p = w / w.sum()
         if self.init == "random":
-            return self._rows(X, rng.choice(n, size=k, replace=False))[rng.permutation(k)]
+            return self._rows(X, _choice(rng, n, k, p))[rng.permutation(k)]
         if self.init == "k-means++":
             m = min(n, max(self.init_sample, k))
-            pts = self._rows(X, rng.choice(n, size=m, replace=False))
-            return _weighted_kmeanspp(pts.astype(np.float64), np.ones(m), k, rng).astype(X.dtype)
+            pts = self._rows(X, _choice(rng, n, m, p))
+            return _weighted_kmeanspp(pts.astype(np.float64), np.ones(len(pts)), k, rng).astype(X.dtype)
         # k-means|| (Bahmani et al. 2012)
-        cands = self._rows(X, rng.choice(n, size=1))
+        cands = self._rows(X, rng.choice(n, size=1, p=p))
         factor = self.oversampling_factor * k
+        wargs = () if W is None else (W,)
         for r in range(self.init_max_iter):
-            phi = X.reduce_blocks(_sum_mind, sum_parts, cands, name="kmeans-phi").compute()
+            phi = X.reduce_blocks(_sum_mind, sum_parts, cands, *wargs, name="kmeans-phi").compute()
             if phi <= 0:
                 break
             seeds = rng.integers(0, 2**63 - 1, size=X.nblocks)
-            new = dask.compute(*[dask.delayed(_sample_block)(X.block(b), cands, factor, phi, int(seeds[b]))
+            new = dask.compute(*[dask.delayed(_sample_block)(X.block(b), cands, factor, phi, int(seeds[b]),
+                                                             None if W is None else W.block(b))
                                  for b in range(X.nblocks)])
             cands = np.concatenate([cands, *new], axis=0)
         if cands.shape[0] <= k:
-            extra = self._rows(X, rng.choice(n, size=k - cands.shape[0] + 1, replace=False))
+            extra = self._rows(X, _choice(rng, n, k - cands.shape[0] + 1, p))
             cands = np.concatenate([cands, extra])[: max(k, cands.shape[0])]
             if cands.shape[0] == k:
                 return cands.astype(X.dtype)
-        weights = X.reduce_blocks(_count_nearest, sum_parts, cands, name="kmeans-weights").compute()
+        weights = X.reduce_blocks(_count_nearest, sum_parts, cands, *wargs, name="kmeans-weights").compute()
         weights = np.maximum(weights, 1e-12)
         return _weighted_kmeanspp(cands.astype(np.float64), weights, k, rng).astype(X.dtype)
 
@@ -233,29 +289,42 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         TypeError
             Non-numeric data.
         """
-        if sample_weight is not None:
-            raise NotImplementedError("gdask KMeans does not support sample_weight yet")
         G, kind = self._prepare(X, reset=True)
         n, d = G.shape
         self._check_params(n, d)
-        G = G.persist()
-        if kind != "numpy":
-            _check_finite(G)
+        W = self._weights(sample_weight, G)
+        if not _persisted(G):
+            G = G.persist()
+        if W is not None:
+            W = W.persist()
+        wargs = () if W is None else (W,)
         rng = np.random.default_rng(self.random_state if not isinstance(self.random_state, np.random.RandomState)
                                     else self.random_state.randint(2**31))
-        centers = self._init_centers(G, rng)
-        variances = G.var(axis=0).compute()
-        tol = float(np.mean(to_numpy(variances))) * self.tol
+        if self.tol > 0:  # tol is relative to the mean variance (as scikit-learn); 0 needs no pass
+            variances = to_numpy(G.var(axis=0).compute())
+            if kind != "numpy" and not np.isfinite(variances).all():  # NaN/inf make it non-finite
+                _check_finite(G)
+            tol = float(np.mean(variances)) * self.tol
+        else:
+            tol = 0.0
+            if kind != "numpy" and isinstance(self.init, str):  # the init reads the data: check first
+                _check_finite(G)
+        centers = self._init_centers(G, rng, W)
+        # one task per worker thread over the blocks it holds, combined here: one round trip per iteration
+        groups = G.block_groups()
         times = []
         for it in range(self.max_iter):
             t0 = time.perf_counter()
-            sums, counts, inertia = G.reduce_blocks(
-                _kernels.lloyd_partial, _kernels.lloyd_combine, centers, name="lloyd"
-            ).compute()
-            sums, counts = to_numpy(sums), to_numpy(counts)
+            parts = dask.compute(*G.reduce_groups(_kernels.lloyd_partial, _kernels.lloyd_combine, centers,
+                                                  *wargs, groups=groups, name="lloyd"))
+            stats = _kernels.lloyd_combine(list(parts))
+            sums, counts, inertia = stats["sums"], stats["counts"], stats["inertia"]
+            if not np.isfinite(sums).all():  # every row is in some sum: NaN/inf in X show up here
+                _check_finite(G)
+                raise ValueError("K-means sums overflowed float64; scale the data down")
             empty = np.nonzero(counts == 0)[0]
             if empty.size:
-                sums, counts = self._relocate(G, centers, empty, sums.copy(), counts.copy())
+                sums, counts = self._relocate(G, W, centers, empty, sums.copy(), counts.copy(), stats)
             new = centers.astype(np.float64).copy()
             nz = counts > 0
             new[nz] = sums[nz] / counts[nz, None]
@@ -270,31 +339,43 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         self.n_iter_ = it + 1
         self.iteration_times_ = times
         self.cluster_centers_ = centers if kind != "cupy" else _xp_from_host(centers)
-        labels, mind = self._assign(G, centers)
+        labels, mind = self._assign(G, centers, groups)
         self.labels_ = labels if kind != "cupy" else _xp_from_host(labels)
-        self.inertia_ = float(mind.sum())
+        self.inertia_ = _weighted_sum(mind, W)
         return self
 
-    def _relocate(self, G: GDataSet, centers: np.ndarray, empty: np.ndarray, sums: np.ndarray,
-                  counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _relocate(self, G: GDataSet, W: GDataSet | None, centers: np.ndarray, empty: np.ndarray,
+                  sums: np.ndarray, counts: np.ndarray, stats: dict) -> tuple[np.ndarray, np.ndarray]:
         """Empty clusters take the points farthest from their centers, which leave their old
-        clusters (scikit-learn's rule). Each block reports only its farthest rows."""
+        clusters (scikit-learn's rule). The Lloyd pass already reported the farthest rows; only
+        more empty clusters than that at once take another pass, in which each block reports its
+        farthest rows."""
         m = empty.size
-        parts = dask.compute(*[dask.delayed(_farthest_rows)(G.block(b), centers, m) for b in range(G.nblocks)])
-        dists = np.concatenate([p[0] for p in parts])
-        labels = np.concatenate([p[1] for p in parts])
-        rows = np.concatenate([p[2] for p in parts], axis=0).astype(np.float64)
+        if m <= len(stats["far_d"]):
+            dists, labels, rows, ws = (stats[k] for k in ("far_d", "far_label", "far_rows", "far_w"))
+        else:
+            parts = dask.compute(*[dask.delayed(_farthest_rows)(G.block(b), centers, m,
+                                                                None if W is None else W.block(b))
+                                   for b in range(G.nblocks)])
+            dists, labels, rows, ws = (np.concatenate([p[i] for p in parts], axis=0) for i in range(4))
+        rows = rows.astype(np.float64)
         order = np.argsort(-dists, kind="stable")[:m]
         for new_c, j in zip(empty, order):
             old_c = labels[j]
-            sums[old_c] -= rows[j]
-            counts[old_c] -= 1
-            sums[new_c] = rows[j]
-            counts[new_c] = 1
+            sums[old_c] -= ws[j] * rows[j]
+            counts[old_c] -= ws[j]
+            sums[new_c] = ws[j] * rows[j]
+            counts[new_c] = ws[j]
         return sums, counts
 
-    def _assign(self, G: GDataSet, centers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        parts = dask.compute(*[dask.delayed(_assign_host)(G.block(b), centers) for b in range(G.nblocks)])
+    def _assign(self, G: GDataSet, centers: np.ndarray, groups: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Labels and exact squared distances of all rows, one task per group of blocks."""
+        groups = groups or G.block_groups() or [[b] for b in range(G.nblocks)]
+        found = dask.compute(*G.reduce_groups(_assign_host, _join_lists, centers, groups=groups, name="assign"))
+        parts: list = [None] * G.nblocks
+        for g, res in zip(groups, found):
+            for b, r in zip(g, res):
+                parts[b] = r
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     # -- predict / transform ---------------------------------------------------------------------
@@ -331,19 +412,27 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         self._check_fitted()
         G, _ = self._prepare(X, reset=False)
         _, mind = self._assign(G, to_numpy(self.cluster_centers_).astype(G.dtype))
-        return -float(mind.sum())
+        return -_weighted_sum(mind, self._weights(sample_weight, G))
 
 
-def _farthest_rows(blk, centers, m):
+def _farthest_rows(blk, centers, m, w=None):
     labels, mind = (to_numpy(a) for a in _kernels.assign(blk, centers))
     m = min(m, mind.shape[0])
     idx = np.argpartition(-mind, m - 1)[:m] if m < mind.shape[0] else np.arange(mind.shape[0])
-    return mind[idx], labels[idx], to_numpy(blk[idx])
+    return mind[idx], labels[idx], to_numpy(blk[idx]), np.ones(idx.size) if w is None else to_numpy(w)[idx]
+
+
+def _weighted_sum(values: np.ndarray, W: GDataSet | None) -> float:
+    return float(values.sum() if W is None else values @ to_numpy(W.compute()))
 
 
 def _assign_host(blk, centers):
     labels, mind = _kernels.assign(blk, centers)
-    return to_numpy(labels), to_numpy(mind)
+    return [(to_numpy(labels), to_numpy(mind))]
+
+
+def _join_lists(parts):
+    return [p for part in parts for p in part]
 
 
 def _distances_host(blk, centers):

@@ -140,3 +140,41 @@ def test_mismatched_blocking_is_an_error():
         a + b
     with pytest.raises(TypeError, match="compute"):
         np.asarray(a)
+
+
+def test_reduce_groups_and_block_groups(data, client):
+    xp, x, X = data
+    P = X.persist()
+    groups = P.block_groups()
+    assert groups is not None and sorted(i for g in groups for i in g) == list(range(P.nblocks))
+    # every group's blocks are held by one worker
+    from gdask.gdataset._repr import block_workers
+
+    where, _ = block_workers(P)
+    assert all(len({where[i] for i in g}) == 1 for g in groups)
+    parts = dask.compute(*P.reduce_groups(lambda b: b.sum(axis=0), sum, groups=groups))
+    assert len(parts) == len(groups) and all(isinstance(p, np.ndarray) for p in parts)  # host results
+    np.testing.assert_allclose(sum(parts), _np(x).sum(0), rtol=1e-4)
+    # the same groups through the full tree reduction
+    total = P.reduce_blocks(lambda b: b.sum(axis=0), sum, groups=groups).compute()
+    np.testing.assert_allclose(_np(total), _np(x).sum(0), rtol=1e-4)
+    assert "not persisted" not in P._repr_html_()
+
+
+def test_block_groups_without_cluster_memory(data):
+    xp, x, X = data
+    assert X.block_groups() is None  # not persisted: no locations
+    parts = dask.compute(*X.reduce_groups(lambda b: b.shape[0], sum))
+    assert sum(parts) == x.shape[0]
+    with pytest.raises(ValueError, match="cover each"):
+        X.reduce_blocks(lambda b: 0, sum, groups=[[0]]).compute()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_var_fast_path_matches_numpy(dtype):
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((5000, 7)) * 3 + 1e3).astype(dtype)  # large mean: cancellation-prone
+    X = gdask.from_array(x, block_rows=1234)
+    np.testing.assert_allclose(X.var(axis=0).compute(), x.astype(np.float64).var(axis=0), rtol=1e-6)
+    np.testing.assert_allclose(X.std(axis=0, ddof=1).compute(), x.astype(np.float64).std(axis=0, ddof=1),
+                               rtol=1e-6)

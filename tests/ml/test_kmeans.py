@@ -3,7 +3,7 @@ import pandas as pd
 import pytest
 
 import gdask
-from gdask.ml import KMeans
+from gdask.ml import KMeans, _kernels
 
 sk = pytest.importorskip("sklearn.cluster")
 
@@ -60,12 +60,14 @@ def test_dataframe_and_float64_inputs(blobs):
 
 @pytest.mark.parametrize(
     "X, kw, exc, match",
+    # host input is validated by scikit-learn, with scikit-learn's messages (drop-in)
     [(np.array([[1.0, np.nan], [0, 1]]), {"n_clusters": 1}, ValueError, "NaN"),
-     (np.array([[1.0, np.inf], [0, 1]]), {"n_clusters": 1}, ValueError, "NaN"),
-     (np.ones(5), {"n_clusters": 1}, ValueError, "2-D"),
-     (np.ones((0, 3)), {"n_clusters": 1}, ValueError, "empty"),
+     (np.array([[1.0, np.inf], [0, 1]]), {"n_clusters": 1}, ValueError, "infinity"),
+     (np.ones(5), {"n_clusters": 1}, ValueError, "Reshape your data"),
+     (np.ones((0, 3)), {"n_clusters": 1}, ValueError, "0 sample"),
      (np.ones((3, 2)), {"n_clusters": 5}, ValueError, "n_clusters"),
-     (np.array([["a", "b"]]), {"n_clusters": 1}, TypeError, "numeric"),
+     (np.array([["a", "b"]]), {"n_clusters": 1}, ValueError, "could not convert"),
+     (np.array([[1 + 1j, 2]]), {"n_clusters": 1}, ValueError, "[Cc]omplex"),
      (np.ones((4, 2)), {"n_clusters": 2, "init": np.ones((3, 2))}, ValueError, "init array"),
      (np.ones((4, 2)), {"n_clusters": 2, "init": "bogus"}, ValueError, "init must be")],
 )
@@ -74,11 +76,12 @@ def test_bad_input(X, kw, exc, match):
         KMeans(**kw).fit(X)
 
 
-def test_nan_in_gdataset_detected():
+@pytest.mark.parametrize("kw", [{}, {"tol": 0}, {"tol": 0, "init": np.zeros((2, 2))}, {"init": "random"}])
+def test_nan_in_gdataset_detected(kw):
     x = np.ones((100, 2))
     x[50, 1] = np.nan
     with pytest.raises(ValueError, match="NaN"):
-        KMeans(2).fit(gdask.from_array(x, block_rows=30))
+        KMeans(2, **kw).fit(gdask.from_array(x, block_rows=30))
 
 
 def test_not_fitted():
@@ -95,3 +98,17 @@ def test_empty_cluster_is_relocated_to_farthest_point():
     np.testing.assert_allclose(km.cluster_centers_[1], [10, 10])
     ref = sk.KMeans(2, init=init, n_init=1, max_iter=1, tol=0, algorithm="lloyd").fit(x)
     np.testing.assert_allclose(km.cluster_centers_, ref.cluster_centers_, rtol=1e-5)
+
+
+@pytest.mark.parametrize("n_empty", [3, _kernels.N_FARTHEST + 2])  # from the Lloyd pass / an extra pass
+def test_many_empty_clusters_take_the_farthest_points(n_empty):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((600, 3)).astype(np.float32)
+    x[::37] *= 20  # a few clearly farthest points
+    init = np.concatenate([x[:2], 1e3 + np.arange(3 * n_empty, dtype=np.float32).reshape(n_empty, 3)])
+    km = KMeans(len(init), init=init, max_iter=1, tol=0).fit(gdask.from_array(x, block_rows=70))
+    ref = sk.KMeans(len(init), init=init, n_init=1, max_iter=1, tol=0, algorithm="lloyd").fit(x)
+    # the same points become centers (scikit-learn's order among them is unspecified)
+    key = lambda c: np.lexsort(np.asarray(c, np.float64).T[::-1])  # noqa: E731
+    np.testing.assert_allclose(np.asarray(km.cluster_centers_)[key(km.cluster_centers_)],
+                               ref.cluster_centers_[key(ref.cluster_centers_)], rtol=1e-5, atol=1e-6)
