@@ -8,6 +8,19 @@ from typing import Any
 from dask.utils import format_bytes
 
 
+def persisted_futures(x) -> list | None:
+    """The futures of ``x``'s blocks when every block is held in cluster memory, else ``None``."""
+    try:
+        from distributed import futures_of
+    except ImportError:
+        return None
+    futures = futures_of(x)
+    keys = set(x.__dask_keys__())
+    if len(futures) < len(keys) or not all(f.key in keys for f in futures):
+        return None  # not (only) persisted blocks
+    return futures
+
+
 def block_workers(x, client=None, wait_ready: bool = False) -> tuple[dict[int, str], dict[str, int]] | None:
     """``({block index: worker address}, {worker address: nthreads})`` for the blocks of ``x`` held
     in cluster memory (first holder of each), or ``None`` without a client or persisted blocks.
@@ -19,12 +32,12 @@ def block_workers(x, client=None, wait_ready: bool = False) -> tuple[dict[int, s
             client = default_client()
         except (ImportError, ValueError):
             return None
-    from distributed import futures_of, wait
+    from distributed import wait
 
-    futures = futures_of(x)
+    futures = persisted_futures(x)
+    if futures is None:
+        return None
     index = {k: i for i, k in enumerate(x.__dask_keys__())}
-    if len(futures) < len(index) or not all(f.key in index for f in futures):
-        return None  # not (only) persisted blocks
     keys = [f.key for f in futures]
 
     async def ask():  # both questions in one round trip

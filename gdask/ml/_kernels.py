@@ -149,7 +149,7 @@ def _cupy_assign(blk, centers):
 
 
 #: rows per block kept as candidates for empty clusters; more empty clusters than this at once take
-#: an extra pass (:func:`farthest_rows`)
+#: an extra pass (``_farthest_rows`` in ``gdask.ml._kmeans``)
 N_FARTHEST = 8
 
 

@@ -15,6 +15,7 @@ from gdask.gdataset import GDataSet, from_array
 from gdask.gdataset import from_dask_array as gdask_from_dask_array
 from gdask.gdataset import from_dataframe
 from gdask.gdataset._blocks import array_module, sum_parts, to_numpy
+from gdask.gdataset._repr import persisted_futures
 from gdask.ml import _kernels
 
 logger = logging.getLogger("gdask.ml")
@@ -27,15 +28,6 @@ def _is_host_input(X: Any) -> bool:
     if isinstance(X, GDataSet) or type(X).__module__.split(".")[0] in ("cupy", "cudf", "dask_cudf"):
         return False
     return not hasattr(X, "__dask_graph__")
-
-
-def _persisted(X: GDataSet) -> bool:
-    """All blocks already held in cluster memory (persist again would cost a round trip)."""
-    try:
-        from distributed import futures_of
-    except ImportError:
-        return False
-    return len(futures_of(X)) == X.nblocks
 
 
 def _check_finite(X: GDataSet) -> None:
@@ -209,8 +201,8 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         return G, kind
 
     @staticmethod
-    def _weights(sample_weight: Any, G: GDataSet) -> GDataSet | None:
-        """``sample_weight`` as a 1-D GDataSet blocked like ``G`` (None: all ones)."""
+    def _weights(sample_weight: Any, G: GDataSet) -> np.ndarray | None:
+        """``sample_weight`` validated, as a host float64 array (None: all ones)."""
         if sample_weight is None:
             return None
         if isinstance(sample_weight, GDataSet):
@@ -228,7 +220,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
             raise ValueError("sample_weight must be non-negative")
         if not (w > 0).any():
             raise ValueError("Sample weights must contain at least one non-zero number; all are zero.")
-        return from_array(w.astype(np.float64), block_rows=G.row_blocks)
+        return w.astype(np.float64, copy=False)
 
     # -- init ----------------------------------------------------------------------------------
     def _rows(self, X: GDataSet, idx: np.ndarray) -> np.ndarray:
@@ -241,15 +233,14 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
                 parts.append(dask.delayed(_take_rows)(X.block(b), sel))
         return np.concatenate(dask.compute(*parts), axis=0)
 
-    def _init_centers(self, X: GDataSet, rng: np.random.Generator, W: GDataSet | None = None) -> np.ndarray:
-        """Initial centers; sample weights weigh the draws (rows with weight 0 are never drawn)."""
+    def _init_centers(self, X: GDataSet, rng: np.random.Generator, w: np.ndarray | None = None,
+                      W: GDataSet | None = None) -> np.ndarray:
+        """Initial centers; sample weights (``w`` on the host, ``W`` blocked like ``X``) weigh the
+        draws (rows with weight 0 are drawn only when there are too few others)."""
         n, k = X.shape[0], self.n_clusters
         if not isinstance(self.init, str):
             return np.asarray(to_numpy(self.init), dtype=X.dtype).copy()
-        p = None
-        if W is not None:
-            w = to_numpy(W.compute())
-            p = w / w.sum()
+        p = None if w is None else w / w.sum()
         if self.init == "random":
             return self._rows(X, _choice(rng, n, k, p))[rng.permutation(k)]
         if self.init == "k-means++":
@@ -292,11 +283,10 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         G, kind = self._prepare(X, reset=True)
         n, d = G.shape
         self._check_params(n, d)
-        W = self._weights(sample_weight, G)
-        if not _persisted(G):
+        w = self._weights(sample_weight, G)
+        if persisted_futures(G) is None:  # persisting again would cost a round trip
             G = G.persist()
-        if W is not None:
-            W = W.persist()
+        W = None if w is None else from_array(w, block_rows=G.row_blocks).persist()
         wargs = () if W is None else (W,)
         rng = np.random.default_rng(self.random_state if not isinstance(self.random_state, np.random.RandomState)
                                     else self.random_state.randint(2**31))
@@ -309,7 +299,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
             tol = 0.0
             if kind != "numpy" and isinstance(self.init, str):  # the init reads the data: check first
                 _check_finite(G)
-        centers = self._init_centers(G, rng, W)
+        centers = self._init_centers(G, rng, w, W)
         # one task per worker thread over the blocks it holds, combined here: one round trip per iteration
         groups = G.block_groups()
         times = []
@@ -341,7 +331,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         self.cluster_centers_ = centers if kind != "cupy" else _xp_from_host(centers)
         labels, mind = self._assign(G, centers, groups)
         self.labels_ = labels if kind != "cupy" else _xp_from_host(labels)
-        self.inertia_ = _weighted_sum(mind, W)
+        self.inertia_ = _weighted_sum(mind, w)
         return self
 
     def _relocate(self, G: GDataSet, W: GDataSet | None, centers: np.ndarray, empty: np.ndarray,
@@ -422,8 +412,8 @@ def _farthest_rows(blk, centers, m, w=None):
     return mind[idx], labels[idx], to_numpy(blk[idx]), np.ones(idx.size) if w is None else to_numpy(w)[idx]
 
 
-def _weighted_sum(values: np.ndarray, W: GDataSet | None) -> float:
-    return float(values.sum() if W is None else values @ to_numpy(W.compute()))
+def _weighted_sum(values: np.ndarray, w: np.ndarray | None) -> float:
+    return float(values.sum() if w is None else values @ w)
 
 
 def _assign_host(blk, centers):
