@@ -15,9 +15,15 @@ _TILE = 128
 
 
 @njit(nogil=True, fastmath=True, cache=True)
-def _lloyd_numba(xt, w, centers, sums, counts, labels, rowd, want_rows, topv, topi, topl):  # pragma: no cover - compiled
+def _lloyd_numba(xt, w, centers, sums, counts, labels, rowd, want_rows, topv, topi, topl, sec):  # pragma: no cover - compiled
     d, n = xt.shape
     weighted = w.shape[0] > 0
+    # bounds mode (Hamerly, gdask.ml._bounds): labels, and in sec[0] / sec[1] an upper bound on the
+    # distance to the chosen center / a lower bound on the distance to any other, from the expanded
+    # form widened by its worst rounding error, ~(d + 8) eps (|x| + |c|)^2
+    want_sec = sec.shape[0] > 0
+    marg = (d + 8) * (1.1920929e-07 if xt.itemsize == 4 else 2.220446049250313e-16)
+    cmax = 0.0
     q = topv.shape[0]
     thr = topv[0]
     for t in range(1, q):
@@ -31,9 +37,11 @@ def _lloyd_numba(xt, w, centers, sums, counts, labels, rowd, want_rows, topv, to
             c2[c, j] = -2.0 * centers[c, j]
             s += centers[c, j] * centers[c, j]
         cn[c] = s
+        cmax = max(cmax, np.sqrt(s))
     dist = np.empty((k, _TILE), xt.dtype)
     lab = np.empty(_TILE, np.int64)
     mind = np.empty(_TILE, xt.dtype)
+    mind2 = np.empty(_TILE if want_sec else 0, xt.dtype)
     xn = np.empty(_TILE, xt.dtype)
     inertia = 0.0
     for i0 in range(0, n, _TILE):
@@ -80,13 +88,26 @@ def _lloyd_numba(xt, w, centers, sums, counts, labels, rowd, want_rows, topv, to
         for i in range(m):
             mind[i] = dist[0, i]
             lab[i] = 0
-        for c in range(1, k):
-            dr = dist[c]
+        if want_sec:
             for i in range(m):
-                v = dr[i]
-                better = v < mind[i]
-                mind[i] = v if better else mind[i]
-                lab[i] = c if better else lab[i]
+                mind2[i] = np.inf
+            for c in range(1, k):
+                dr = dist[c]
+                for i in range(m):
+                    v = dr[i]
+                    mi = mind[i]
+                    better = v < mi
+                    mind2[i] = mi if better else min(mind2[i], v)
+                    mind[i] = v if better else mi
+                    lab[i] = c if better else lab[i]
+        else:
+            for c in range(1, k):
+                dr = dist[c]
+                for i in range(m):
+                    v = dr[i]
+                    better = v < mind[i]
+                    mind[i] = v if better else mind[i]
+                    lab[i] = c if better else lab[i]
         if not want_rows:
             # ||x||^2 per row (vectorised over rows): distance to the chosen center in expanded form
             for i in range(m):
@@ -120,6 +141,11 @@ def _lloyd_numba(xt, w, centers, sums, counts, labels, rowd, want_rows, topv, to
                     srow[j] += xt[j, i0 + i]
                 di = max(xn[i] + mind[i], 0.0)
             inertia += wi * di
+            if want_sec:
+                labels[i0 + i] = li
+                e = marg * (np.sqrt(xn[i]) + cmax) ** 2
+                sec[0, i0 + i] = np.sqrt(di + e)
+                sec[1, i0 + i] = np.sqrt(max(xn[i] + mind2[i] - e, 0.0))
             if q and di > thr:  # keep the q rows farthest from their centers (empty-cluster relocation)
                 t_min = 0
                 for t in range(1, q):
@@ -179,7 +205,7 @@ def lloyd_partial(blk, centers, w=None):
     topi = np.zeros(q, np.int64)
     topl = np.zeros(q, np.int64)
     wv = _NO_WEIGHTS if w is None else np.ascontiguousarray(w, dtype=np.float64)
-    inertia = _lloyd_numba(blk.T, wv, c, sums, counts, topi, topv, False, topv, topi, topl)
+    inertia = _lloyd_numba(blk.T, wv, c, sums, counts, topi, topv, False, topv, topi, topl, _NO_SEC)
     keep = topv >= 0
     idx = topi[keep]
     return {"sums": sums, "counts": counts, "inertia": inertia, "far_d": topv[keep], "far_label": topl[keep],
@@ -187,6 +213,7 @@ def lloyd_partial(blk, centers, w=None):
 
 
 _NO_WEIGHTS = np.empty(0, np.float64)
+_NO_SEC = np.empty((0, 0), np.float64)
 
 
 _FAR = ("far_d", "far_label", "far_rows", "far_w")
@@ -199,6 +226,7 @@ def lloyd_combine(parts):
         out["sums"] = out["sums"] + p["sums"]
         out["counts"] = out["counts"] + p["counts"]
         out["inertia"] = out["inertia"] + p["inertia"]
+        out["changed"] = out.get("changed", 0) + p.get("changed", 0)
         for key in _FAR:
             out[key] = np.concatenate([out[key], p[key]])
     if len(out["far_d"]) > N_FARTHEST:
@@ -219,7 +247,7 @@ def assign(blk, centers):
     labels = np.empty(n, np.int32)
     mind = np.empty(n, np.float64)
     _lloyd_numba(blk.T, _NO_WEIGHTS, c, np.zeros((k, d)), np.zeros(k), labels, mind, True, np.empty(0),
-                 np.empty(0, np.int64), np.empty(0, np.int64))
+                 np.empty(0, np.int64), np.empty(0, np.int64), _NO_SEC)
     return labels, mind
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import numbers
 import time
+import uuid
 from typing import Any
 
 import dask
@@ -16,7 +17,7 @@ from gdask.gdataset import from_dask_array as gdask_from_dask_array
 from gdask.gdataset import from_dataframe
 from gdask.gdataset._blocks import array_module, sum_parts, to_numpy
 from gdask.gdataset._repr import persisted_futures
-from gdask.ml import _kernels
+from gdask.ml import _bounds, _kernels
 
 logger = logging.getLogger("gdask.ml")
 
@@ -134,7 +135,14 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
     init_sample : int, default 200_000
         k-means++: rows sampled for the init.
     verbose : bool or int, default False
-        Print one line per iteration (time, inertia, center shift).
+        Print one line per iteration (time, inertia or rows reassigned, center shift).
+    algorithm : {"auto", "elkan", "lloyd"}, default "auto"
+        "lloyd" computes every row's distance to every center in each iteration. "elkan" gives the
+        same assignments with far fewer distance computations: each row keeps bounds on its
+        distances (Hamerly's variant of Elkan's method: one lower bound per row, so 24 bytes of
+        state per row on the device instead of 8 per row and center), and only rows whose bounds
+        no longer prove their cluster are looked at. "auto" is "elkan" from 8 features up (below,
+        distances are too cheap for the bookkeeping to pay).
 
     Attributes
     ----------
@@ -143,7 +151,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
 
     def __init__(self, n_clusters: int = 8, *, init: Any = "k-means||", max_iter: int = 300, tol: float = 1e-4,
                  random_state: Any = None, oversampling_factor: float = 2.0, init_max_iter: int = 5,
-                 init_sample: int = 200_000, verbose: bool | int = False) -> None:
+                 init_sample: int = 200_000, verbose: bool | int = False, algorithm: str = "auto") -> None:
         self.n_clusters = n_clusters
         self.init = init
         self.max_iter = max_iter
@@ -153,6 +161,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         self.init_max_iter = init_max_iter
         self.init_sample = init_sample
         self.verbose = verbose
+        self.algorithm = algorithm
 
     # -- validation ----------------------------------------------------------------------------
     def _check_params(self, n_samples: int, n_features: int) -> None:
@@ -164,6 +173,8 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
             raise ValueError(f"max_iter must be a positive integer, got {self.max_iter!r}")
         if not isinstance(self.tol, numbers.Real) or self.tol < 0:
             raise ValueError(f"tol must be a non-negative number, got {self.tol!r}")
+        if self.algorithm not in ("auto", "elkan", "lloyd"):
+            raise ValueError(f"algorithm must be 'auto', 'elkan' or 'lloyd', got {self.algorithm!r}")
         if isinstance(self.init, str):
             if self.init not in ("k-means||", "k-means++", "random"):
                 raise ValueError(f"init must be 'k-means||', 'k-means++', 'random' or an array, got {self.init!r}")
@@ -302,11 +313,14 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         centers = self._init_centers(G, rng, w, W)
         # one task per worker thread over the blocks it holds, combined here: one round trip per iteration
         groups = G.block_groups()
+        bounds = self.algorithm == "elkan" or (self.algorithm == "auto" and d >= 8)
+        # bounds live with the blocks on the workers, under a key of this fit (freed by the final pass)
+        chunk, targs = (_bounds.bounds_partial, (uuid.uuid4().hex,)) if bounds else (_kernels.lloyd_partial, ())
         times = []
         for it in range(self.max_iter):
             t0 = time.perf_counter()
-            parts = dask.compute(*G.reduce_groups(_kernels.lloyd_partial, _kernels.lloyd_combine, centers,
-                                                  *wargs, groups=groups, name="lloyd"))
+            parts = dask.compute(*G.reduce_groups(chunk, _kernels.lloyd_combine, centers, *targs, *wargs,
+                                                  groups=groups, name="lloyd"))
             stats = _kernels.lloyd_combine(list(parts))
             sums, counts, inertia = stats["sums"], stats["counts"], stats["inertia"]
             if not np.isfinite(sums).all():  # every row is in some sum: NaN/inf in X show up here
@@ -323,13 +337,16 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
             centers = new
             times.append(time.perf_counter() - t0)
             if self.verbose:
-                print(f"iteration {it + 1}: {times[-1] * 1e3:.1f} ms, inertia {inertia:.6g}, center shift {shift:.3g}")
+                what = f"{stats['changed']} rows reassigned" if bounds else f"inertia {inertia:.6g}"
+                print(f"iteration {it + 1}: {times[-1] * 1e3:.1f} ms, {what}, center shift {shift:.3g}")
             if shift <= tol:
                 break
         self.n_iter_ = it + 1
         self.iteration_times_ = times
         self.cluster_centers_ = centers if kind != "cupy" else _xp_from_host(centers)
-        labels, mind = self._assign(G, centers, groups)
+        labels, mind = self._assign(G, centers, groups, targs)
+        if bounds:
+            _bounds.free(targs[0])
         self.labels_ = labels if kind != "cupy" else _xp_from_host(labels)
         self.inertia_ = _weighted_sum(mind, w)
         return self
@@ -358,10 +375,13 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
             counts[new_c] = ws[j]
         return sums, counts
 
-    def _assign(self, G: GDataSet, centers: np.ndarray, groups: list | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Labels and exact squared distances of all rows, one task per group of blocks."""
+    def _assign(self, G: GDataSet, centers: np.ndarray, groups: list | None = None,
+                bounds: tuple = ()) -> tuple[np.ndarray, np.ndarray]:
+        """Labels and exact squared distances of all rows, one task per group of blocks; with
+        ``bounds = (fit token,)`` from the rows' bounds, which this frees."""
         groups = groups or G.block_groups() or [[b] for b in range(G.nblocks)]
-        found = dask.compute(*G.reduce_groups(_assign_host, _join_lists, centers, groups=groups, name="assign"))
+        func = _bounds_assign_host if bounds else _assign_host
+        found = dask.compute(*G.reduce_groups(func, _join_lists, centers, *bounds, groups=groups, name="assign"))
         parts: list = [None] * G.nblocks
         for g, res in zip(groups, found):
             for b, r in zip(g, res):
@@ -418,6 +438,11 @@ def _weighted_sum(values: np.ndarray, w: np.ndarray | None) -> float:
 
 def _assign_host(blk, centers):
     labels, mind = _kernels.assign(blk, centers)
+    return [(to_numpy(labels), to_numpy(mind))]
+
+
+def _bounds_assign_host(blk, centers, token):
+    labels, mind = _bounds.bounds_assign(blk, centers, token)
     return [(to_numpy(labels), to_numpy(mind))]
 
 

@@ -1,0 +1,388 @@
+"""Hamerly's bounds for K-means: the same assignments as Lloyd with far fewer distance computations.
+
+Each row keeps its label, an upper bound on the distance to its center and a lower bound on the
+distance to every other center (Hamerly, "Making k-means even faster", SDM 2010). When the centers
+move, the bounds move by at most the centers' drift; a row whose upper bound stays below its lower
+bound (and below half the distance from its center to the nearest other center) cannot change
+cluster and is not looked at again. Only the other rows get distances computed, exactly, in
+float64. Every block also keeps its per-cluster sums, moved row by row when a row changes cluster,
+so an iteration late in a fit touches a few bytes per row instead of the whole block.
+
+The state lives in the worker process that holds the block, in :data:`_STATES`, keyed by a fit
+token and the block array itself (checked by identity through a weak reference). It is a cache:
+a block whose state is missing (first iteration, block moved to another worker, worker restarted)
+is simply computed in full, with the same result. :func:`bounds_assign` ends a fit and frees it.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from gdask.gdataset._blocks import array_module
+from gdask.ml import _kernels
+
+#: when more than this fraction of a block's rows must be looked at again (early iterations, when
+#: centers move a lot), a full tiled pass that rebuilds the bounds is cheaper than row by row
+FULL_PASS_FRACTION = 0.2
+
+#: fits whose states a process keeps at most (older fits' states are dropped: a fit that was
+#: interrupted never frees its own)
+MAX_FITS = 4
+
+_lock = threading.Lock()
+_STATES: OrderedDict[str, dict[int, BlockBounds]] = OrderedDict()
+
+
+@dataclass
+class BlockBounds:
+    """Per-row bounds of one block and its per-cluster sums, valid for ``centers``."""
+
+    ref: Any  # weakref to the block
+    centers: Any  # (k, d) float64, the centers the bounds and labels refer to
+    labels: Any  # (n,) int64
+    upper: Any  # (n,) float64
+    lower: Any  # (n,) float64
+    sums: Any  # (k, d) float64
+    counts: Any  # (k,) float64
+
+
+def _get(token: str, blk: Any) -> BlockBounds | None:
+    with _lock:
+        st = _STATES.get(token, {}).get(id(blk))
+    if st is None or st.ref() is not blk:
+        return None
+    return st
+
+
+def _put(token: str, blk: Any, st: BlockBounds) -> None:
+    with _lock:
+        fit = _STATES.get(token)
+        if fit is None:
+            fit = _STATES[token] = {}
+            while len(_STATES) > MAX_FITS:
+                _STATES.popitem(last=False)
+            for other in _STATES.values():  # blocks this process no longer holds (e.g. fetched copies)
+                for key in [key for key, s in other.items() if s.ref() is None]:
+                    del other[key]
+        fit[id(blk)] = st
+
+
+def _pop(token: str, blk: Any) -> None:
+    with _lock:
+        fit = _STATES.get(token)
+        if fit is not None:
+            fit.pop(id(blk), None)
+            if not fit:
+                del _STATES[token]
+
+
+def drop(token: str) -> int:
+    """Forget every block state of fit ``token`` in this process; the number dropped."""
+    with _lock:
+        return len(_STATES.pop(token, {}))
+
+
+def free(token: str) -> None:
+    """Forget fit ``token``'s states here and, without waiting, on the workers of the default
+    client (a block copied to another worker for one task leaves a state there)."""
+    drop(token)
+    try:
+        from distributed import default_client
+
+        client = default_client()
+    except ValueError:  # no client: everything ran in this process
+        return
+    client.run(_drop_async, token, wait=False)  # distributed runs only coroutines without waiting
+
+
+async def _drop_async(token: str) -> int:
+    return drop(token)
+
+
+def _center_geometry(centers: np.ndarray, old: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, float, float]:
+    """Drift per center, half the distance to the nearest other center, and the largest two drifts."""
+    drift = np.sqrt(((centers - old) ** 2).sum(1))
+    k = centers.shape[0]
+    if k > 1:
+        cc = np.sqrt(np.maximum(((centers[:, None, :] - centers[None, :, :]) ** 2).sum(-1), 0.0))
+        np.fill_diagonal(cc, np.inf)
+        half = 0.5 * cc.min(1)
+        m1 = int(np.argmax(drift))
+        d1 = float(drift[m1])
+        d2 = float(np.max(np.delete(drift, m1)))
+    else:
+        half = np.full(1, np.inf)
+        m1, d1, d2 = 0, float(drift[0]), 0.0
+    return drift, half, m1, d1, d2
+
+
+_STEP_TILE = 256
+
+
+@njit(nogil=True, fastmath={"reassoc", "contract"}, cache=True)
+def _hamerly_numba(xt, w, cf, labels, upper, lower, sums, counts, drift, half, m1, d1, d2):  # pragma: no cover - compiled
+    d, n = xt.shape
+    k = cf.shape[0]
+    weighted = w.shape[0] > 0
+    changed = 0
+    looked = 0
+    idx = np.empty(_STEP_TILE, np.int64)
+    zt = np.empty(_STEP_TILE, np.float64)
+    xb = np.empty((_STEP_TILE, d), np.float64)
+    for i0 in range(0, n, _STEP_TILE):
+        m = min(_STEP_TILE, n - i0)
+        cnt = 0
+        for i in range(i0, i0 + m):  # move the bounds by the drift; keep the rows they no longer settle
+            a = labels[i]
+            u = upper[i] + drift[a]
+            lo = lower[i] - (d2 if a == m1 else d1)
+            upper[i] = u
+            lower[i] = lo
+            z = max(lo, half[a])
+            if u > z:
+                idx[cnt] = i
+                zt[cnt] = z
+                cnt += 1
+        if cnt == 0:
+            continue
+        looked += cnt
+        # gather those rows feature by feature: the block is feature-major, so each feature's part
+        # of the tile is one short contiguous read instead of d scattered loads per row
+        for j in range(d):
+            xrow = xt[j]
+            for t in range(cnt):
+                xb[t, j] = xrow[idx[t]]
+        for t in range(cnt):
+            i = idx[t]
+            a = labels[i]
+            xr = xb[t]
+            ca = cf[a]
+            acc = 0.0
+            for j in range(d):
+                v = xr[j] - ca[j]
+                acc += v * v
+            u = np.sqrt(acc)
+            upper[i] = u
+            if u <= zt[t]:
+                continue
+            best = acc  # look at every center (squared distances; the root of the best two only)
+            bi = a
+            second = np.inf
+            for c in range(k):
+                if c == a:
+                    continue
+                cc = cf[c]
+                acc = 0.0
+                for j in range(d):
+                    v = xr[j] - cc[j]
+                    acc += v * v
+                if acc < best or (acc == best and c < bi):
+                    second = best
+                    best = acc
+                    bi = c
+                elif acc < second:
+                    second = acc
+            best = np.sqrt(best)
+            second = np.sqrt(second)
+            upper[i] = best
+            lower[i] = second
+            if bi != a:
+                wi = w[i] if weighted else 1.0
+                sa = sums[a]
+                sb = sums[bi]
+                for j in range(d):
+                    x = wi * xr[j]
+                    sa[j] -= x
+                    sb[j] += x
+                counts[a] -= wi
+                counts[bi] += wi
+                labels[i] = bi
+                changed += 1
+    return changed, looked
+
+
+@njit(nogil=True, cache=True)
+def _candidates(labels, upper, lower, drift, half, m1, d1, d2):  # pragma: no cover - compiled
+    """Rows whose bounds no longer prove their label (a cheap pass over the bounds only)."""
+    count = 0
+    for i in range(labels.shape[0]):
+        a = labels[i]
+        lo = lower[i] - (d2 if a == m1 else d1)
+        count += upper[i] + drift[a] > max(lo, half[a])
+    return count
+
+
+@njit(nogil=True, cache=True)
+def _assigned_sqdist(xt, cf, labels, out):  # pragma: no cover - compiled
+    d, n = xt.shape
+    for i in range(n):
+        out[i] = 0.0
+    for j in range(d):
+        xr = xt[j]
+        for i in range(n):
+            v = xr[i] - cf[labels[i], j]
+            out[i] += v * v
+
+
+def _first_pass(blk: Any, cf: np.ndarray, w: Any) -> BlockBounds:
+    """Full pass (Lloyd's tiled kernel): labels, per-cluster sums and the bounds, from the
+    expanded-form distances widened by their rounding error."""
+    xp = array_module(blk)
+    n, d = blk.shape
+    k = cf.shape[0]
+    ww = None if w is None else xp.asarray(w, dtype=xp.float64)
+    if xp is np:
+        labels = np.empty(n, np.int64)
+        ul = np.empty((2, n), np.float64)
+        sums = np.zeros((k, d), np.float64)
+        counts = np.zeros(k, np.float64)
+        _kernels._lloyd_numba(blk.T, _kernels._NO_WEIGHTS if ww is None else np.ascontiguousarray(ww),
+                              np.ascontiguousarray(cf, dtype=blk.dtype), sums, counts, labels, labels, False,
+                              np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64), ul)
+        upper, lower = ul[0], ul[1]
+    else:
+        c = xp.asarray(cf)
+        x = blk.astype(xp.float64)
+        xn = (x * x).sum(1)
+        d2 = xn[:, None] - 2.0 * (x @ c.T) + (c * c).sum(1)[None, :]
+        labels = d2.argmin(1)
+        diff = x - c[labels]
+        upper = xp.sqrt((diff * diff).sum(1))
+        d2[xp.arange(n), labels] = xp.inf
+        e = (d + 8) * np.finfo(np.float64).eps * (xp.sqrt(xn) + float(np.sqrt((cf * cf).sum(1).max()))) ** 2
+        lower = xp.sqrt(xp.maximum(d2.min(1) - e, 0.0)) if k > 1 else xp.full(n, xp.inf)
+        sums = xp.zeros((k, d), xp.float64)
+        _scatter_add(xp, sums, labels, x if ww is None else x * ww[:, None])
+        counts = xp.bincount(labels, weights=ww, minlength=k).astype(xp.float64)
+    return BlockBounds(weakref.ref(blk), xp.asarray(cf), xp.asarray(labels, dtype=xp.int64), upper, lower, sums,
+                       counts)
+
+
+def _scatter_add(xp: Any, sums: Any, labels: Any, rows: Any) -> None:
+    xp.add.at(sums, labels, rows)
+
+
+def _step_xp(blk: Any, cf: np.ndarray, st: BlockBounds, w: Any) -> int:
+    """The bounds step written with array operations (CuPy blocks; the reference for the numba one)."""
+    xp = array_module(blk)
+    c = xp.asarray(cf)
+    drift, half, m1, d1, d2 = (xp.asarray(v) if isinstance(v, np.ndarray) else v
+                               for v in _center_geometry(cf, _to_np(st.centers)))
+    a = st.labels
+    u = st.upper + drift[a]
+    lo = st.lower - xp.where(a == m1, d2, d1)
+    z = xp.maximum(lo, half[a])
+    idx = xp.nonzero(u > z)[0]
+    if idx.size:
+        x = blk[idx].astype(xp.float64)
+        u[idx] = xp.sqrt(((x - c[a[idx]]) ** 2).sum(1))
+        far = u[idx] > z[idx]
+        idx, x = idx[far], x[far]
+    if idx.size:
+        dist = xp.sqrt(xp.maximum(((x[:, None, :] - c[None, :, :]) ** 2).sum(-1), 0.0))
+        new = dist.argmin(1)
+        best = dist[xp.arange(idx.size), new]
+        dist[xp.arange(idx.size), new] = xp.inf
+        second = dist.min(1) if c.shape[0] > 1 else xp.full(idx.size, xp.inf)
+        old = a[idx]
+        moved = new != old
+        if bool(moved.any()):
+            ww = xp.ones(idx.size) if w is None else xp.asarray(w, dtype=xp.float64)[idx]
+            xw = x[moved] * ww[moved][:, None]
+            _scatter_add(xp, st.sums, old[moved], -xw)
+            _scatter_add(xp, st.sums, new[moved], xw)
+            k = c.shape[0]
+            st.counts += xp.bincount(new[moved], weights=ww[moved], minlength=k) - \
+                xp.bincount(old[moved], weights=ww[moved], minlength=k)
+        a[idx] = new
+        u[idx] = best
+        lo[idx] = second
+        changed = int(moved.sum())
+    else:
+        changed = 0
+    st.upper, st.lower = u, lo
+    return changed
+
+
+def _to_np(x: Any) -> np.ndarray:
+    return x.get() if hasattr(x, "get") else np.asarray(x)
+
+
+def _charge(st: BlockBounds) -> None:
+    """Count the per-row state against the device's memory (CUDA arrays are allocated there)."""
+    from gdask._devices import current_device
+
+    dev = current_device()
+    for arr in (st.labels, st.upper, st.lower):
+        dev.adopt(arr)
+
+
+def _update(blk: Any, centers: Any, token: str, w: Any) -> tuple[BlockBounds | None, int]:
+    """Bring the block's state to ``centers``: a full first pass, or one bounds step. ``None`` when
+    the device has no memory left for the state (the caller then runs plain Lloyd)."""
+    try:
+        return _update_state(blk, centers, token, w)
+    except MemoryError:
+        _pop(token, blk)
+        return None, blk.shape[0]
+
+
+def _update_state(blk: Any, centers: Any, token: str, w: Any) -> tuple[BlockBounds, int]:
+    cf = np.asarray(_to_np(centers), dtype=np.float64)
+    st = _get(token, blk)
+    full = st is None or st.labels.shape[0] != blk.shape[0] or st.centers.shape != cf.shape
+    if not full and array_module(blk) is np:
+        drift, half, m1, d1, d2 = _center_geometry(cf, st.centers)
+        full = _candidates(st.labels, st.upper, st.lower, drift, half, m1, d1, d2) > FULL_PASS_FRACTION * blk.shape[0]
+    if full:
+        old = None if st is None else st.labels
+        st = _first_pass(blk, cf, w)
+        _charge(st)
+        changed = blk.shape[0] if old is None or old.shape != st.labels.shape else int((old != st.labels).sum())
+    else:
+        if array_module(blk) is np:
+            wv = _kernels._NO_WEIGHTS if w is None else np.ascontiguousarray(w, dtype=np.float64)
+            changed, _ = _hamerly_numba(blk.T, wv, cf, st.labels, st.upper, st.lower, st.sums, st.counts,
+                                     drift, half, m1, d1, d2)
+        else:
+            changed = _step_xp(blk, cf, st, w)
+        st.centers = cf if array_module(blk) is np else array_module(blk).asarray(cf)
+    _put(token, blk, st)
+    return st, changed
+
+
+def bounds_partial(blk: Any, centers: Any, token: str, w: Any = None) -> dict[str, Any]:
+    """Lloyd statistics of one block for ``centers`` (as :func:`gdask.ml._kernels.lloyd_partial`),
+    from the block's bounds when it has them. ``inertia`` is not computed (NaN) and no farthest
+    rows are reported: an empty cluster takes a separate pass."""
+    st, changed = _update(blk, centers, token, w)
+    if st is None:
+        return _kernels.lloyd_partial(blk, centers, w)
+    d = blk.shape[1]
+    return {"sums": _to_np(st.sums).copy(), "counts": _to_np(st.counts).copy(), "inertia": float("nan"),
+            "changed": changed, "far_d": np.empty(0), "far_label": np.empty(0, np.int64),
+            "far_rows": np.empty((0, d), blk.dtype), "far_w": np.empty(0)}
+
+
+def bounds_assign(blk: Any, centers: Any, token: str, w: Any = None) -> tuple[Any, Any]:
+    """Labels (int32) and exact squared distances for ``centers`` from the block's bounds; ends the
+    fit for this block (its state is freed)."""
+    st, _ = _update(blk, centers, token, w)
+    _pop(token, blk)
+    if st is None:
+        return _kernels.assign(blk, centers)
+    xp = array_module(blk)
+    if xp is np:
+        mind = np.empty(blk.shape[0], np.float64)
+        _assigned_sqdist(blk.T, st.centers, st.labels, mind)
+    else:
+        diff = blk.astype(xp.float64) - st.centers[st.labels]
+        mind = (diff * diff).sum(1)
+    return st.labels.astype(np.int32), mind

@@ -1,0 +1,127 @@
+"""Hamerly bounds (KMeans(algorithm="elkan")): same answers as Lloyd, state kept and freed."""
+
+import time
+
+import numpy as np
+import pytest
+
+import gdask
+from gdask._errors import DeviceMemoryError
+from gdask.ml import KMeans, _bounds, _kernels
+
+
+def _overlapping(n=6000, d=12, k=5, noise=3.0, seed=0):
+    """Overlapping clusters: many rows near boundaries, so bounds fail and rows change often."""
+    rng = np.random.default_rng(seed)
+    centers = rng.uniform(-10, 10, (k, d))
+    X = centers[rng.integers(0, k, n)] + noise * rng.standard_normal((n, d))
+    return X.astype(np.float32), X[rng.choice(n, k, replace=False)].astype(np.float32)
+
+
+def _fit(X, init, algorithm, **kw):
+    return KMeans(len(init), init=init, max_iter=25, tol=0, algorithm=algorithm, **kw).fit(
+        gdask.from_array(X, block_rows=1000))
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_elkan_equals_lloyd(weighted):
+    X, init = _overlapping()
+    w = np.random.default_rng(1).uniform(0.1, 3, len(X)) if weighted else None
+    a = KMeans(len(init), init=init, max_iter=25, tol=0, algorithm="elkan").fit(X, sample_weight=w)
+    b = KMeans(len(init), init=init, max_iter=25, tol=0, algorithm="lloyd").fit(X, sample_weight=w)
+    np.testing.assert_allclose(a.cluster_centers_, b.cluster_centers_, rtol=1e-5, atol=1e-5)
+    assert (a.labels_ != b.labels_).sum() <= 2  # float32 near-ties may go either way
+    assert a.inertia_ == pytest.approx(b.inertia_, rel=1e-6)
+    assert not _bounds._STATES  # the final pass freed every block's bounds
+
+
+def test_elkan_with_client_and_relocation(client):
+    X, _ = _overlapping(d=10, k=4, noise=1.0)
+    init = np.vstack([X[:3], np.full((1, X.shape[1]), 1e4, np.float32)])  # the last center gets no rows
+    a = _fit(X, init, "elkan")
+    b = _fit(X, init, "lloyd")
+    np.testing.assert_allclose(a.cluster_centers_, b.cluster_centers_, rtol=1e-5, atol=1e-5)
+    assert (a.labels_ == b.labels_).mean() > 0.999
+    assert len(np.unique(a.labels_)) == 4
+    deadline = time.monotonic() + 10
+    while sum(client.run(lambda: sum(len(v) for v in _bounds._STATES.values())).values()):
+        assert time.monotonic() < deadline, "block bounds left on the workers after fit"
+        time.sleep(0.05)
+
+
+def _steps(blk, centers_seq, use_xp):
+    st = _bounds._first_pass(blk, centers_seq[0], None)
+    for c in centers_seq[1:]:
+        if use_xp:
+            _bounds._step_xp(blk, c, st, None)
+        else:
+            drift, half, m1, d1, d2 = _bounds._center_geometry(c, st.centers)
+            _bounds._hamerly_numba(blk.T, _kernels._NO_WEIGHTS, c, st.labels, st.upper, st.lower, st.sums,
+                                   st.counts, drift, half, m1, d1, d2)
+        st.centers = c
+    return st
+
+
+def test_numba_step_matches_array_step_and_exact_distances():
+    X, init = _overlapping(n=3000)
+    blk = np.asfortranarray(X)
+    rng = np.random.default_rng(2)
+    seq = [init.astype(np.float64)]
+    for _ in range(6):
+        seq.append(seq[-1] + rng.normal(0, 0.3, seq[-1].shape))
+    a, b = _steps(blk, seq, False), _steps(blk, seq, True)
+    np.testing.assert_array_equal(a.labels, b.labels)
+    np.testing.assert_allclose(a.sums, b.sums, rtol=1e-12, atol=1e-9)
+    exact = np.sqrt(((blk[:, None, :].astype(np.float64) - seq[-1][None]) ** 2).sum(-1))
+    best = exact[np.arange(len(blk)), a.labels]
+    assert (best <= exact.min(1) + 1e-4).all()  # every label is a nearest center (float32 ties aside)
+    assert (a.upper >= best - 1e-9).all()  # the bounds hold
+    exact[np.arange(len(blk)), a.labels] = np.inf
+    assert (a.lower <= exact.min(1) + 1e-9).all()
+    np.testing.assert_allclose(a.sums, np.stack([blk[a.labels == c].astype(np.float64).sum(0) for c in range(len(init))]), rtol=1e-9,
+                               atol=1e-6)
+
+
+def test_lost_state_is_recomputed_with_same_result():
+    X, init = _overlapping()
+    blk = np.asfortranarray(X)
+    c0 = init.astype(np.float64)
+    p0 = _bounds.bounds_partial(blk, c0, "t")
+    c1 = p0["sums"] / p0["counts"][:, None]
+    assert _bounds.drop("t") == 1  # e.g. the block moved to another worker
+    p1 = _bounds.bounds_partial(blk, c1, "t")
+    ref = _kernels.lloyd_partial(blk, c1)
+    np.testing.assert_allclose(p1["sums"], ref["sums"], rtol=1e-9)
+    np.testing.assert_array_equal(p1["counts"], ref["counts"])
+    labels, mind = _bounds.bounds_assign(blk, c1, "t")
+    assert "t" not in _bounds._STATES
+    l2, m2 = _kernels.assign(blk, c1)
+    assert (labels != l2).sum() <= 1
+    np.testing.assert_allclose(mind[labels == l2], m2[labels == l2], rtol=1e-5)
+
+
+def test_no_device_memory_for_bounds_falls_back_to_lloyd(monkeypatch):
+    def full(st):
+        raise DeviceMemoryError("emulated device 0 out of memory")
+
+    monkeypatch.setattr(_bounds, "_charge", full)
+    X, init = _overlapping()
+    a = _fit(X, init, "elkan")
+    b = _fit(X, init, "lloyd")
+    np.testing.assert_allclose(a.cluster_centers_, b.cluster_centers_, rtol=1e-6)
+    assert not _bounds._STATES
+
+
+def test_old_fits_are_forgotten():
+    X, init = _overlapping(n=500)
+    blk = np.asfortranarray(X)
+    for i in range(_bounds.MAX_FITS + 3):  # interrupted fits never free their bounds themselves
+        _bounds.bounds_partial(blk, init, f"fit-{i}")
+    assert len(_bounds._STATES) == _bounds.MAX_FITS
+    for token in list(_bounds._STATES):
+        _bounds.drop(token)
+
+
+def test_bad_algorithm():
+    with pytest.raises(ValueError, match="algorithm must be"):
+        KMeans(2, algorithm="full").fit(np.ones((10, 2)))
