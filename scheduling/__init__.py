@@ -2,7 +2,27 @@
 
 from __future__ import annotations
 
-from gdask.scheduling._mapping import proportional_mapping
+from gdask.scheduling._mapping import makespan, proportional_mapping, rebalance_plan
+from gdask.scheduling._placement import DurationModel, EarliestFinish
+from gdask.scheduling._plugin import DeviceReporter, GPUPlacement, is_gpu_task
+from gdask.scheduling._registry import device_table
 from gdask.scheduling._streams import StreamController
+from gdask.scheduling._executor import StreamThreadPoolExecutor
 
-__all__ = ["StreamController", "proportional_mapping"]
+__all__ = ["StreamController", "StreamThreadPoolExecutor", "proportional_mapping"]
+__all__ += ["DeviceReporter", "DurationModel", "EarliestFinish", "GPUPlacement", "device_table", "is_gpu_task",
+            "makespan", "rebalance_plan", "dask_setup"]
+
+
+def dask_setup(service) -> None:
+    """Preload hook: ``dask scheduler --preload gdask.scheduling`` installs :class:`GPUPlacement`;
+    ``dask worker --preload gdask.scheduling`` gives the worker a device (CUDA where available,
+    else emulated) and installs :class:`DeviceReporter`."""
+    from distributed import Scheduler, Worker
+
+    if isinstance(service, Scheduler):
+        service.add_plugin(GPUPlacement())  # started with the scheduler's other plugins
+    elif isinstance(service, Worker):
+        reporter = DeviceReporter(create_device=True)
+        reporter.setup(service)
+        service.plugins[reporter.name] = reporter

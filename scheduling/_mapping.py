@@ -35,3 +35,100 @@ def proportional_mapping(block_sizes: Sequence[float], speeds: Sequence[float]) 
         load[d] += block_sizes[i]
         out[i] = d
     return out
+
+
+def makespan(block_work: Sequence[float], mapping: Sequence[int], speeds: Sequence[float]) -> float:
+    """Finish time of the slowest device: ``max_d sum(work of d's blocks) / speed_d``."""
+    load = [0.0] * len(speeds)
+    for w, d in zip(block_work, mapping):
+        load[d] += w
+    return max((load[d] / speeds[d] for d in range(len(speeds))), default=0.0)
+
+
+def rebalance_plan(block_work: Sequence[float], current: Sequence[int], speeds: Sequence[float], *,
+                   move_cost: Sequence[float] | float = 0.0, horizon: float = 5.0,
+                   min_gain: float = 0.05) -> list[int] | None:
+    """A new block-to-device mapping when moving blocks pays for itself, else ``None``.
+
+    Blocks keep their device (affinity) unless moving them shortens the predicted makespan of one
+    iteration. Greedy: the most loaded device gives one block at a time to the device where it
+    would finish earliest, while that lowers the makespan. The plan is returned only if the
+    relative gain is at least ``min_gain`` (the speeds drifted far enough) and the time saved over
+    ``horizon`` iterations exceeds the time to move the blocks (moves run in parallel; a device's
+    cost is the sum of what it sends and receives).
+
+    Parameters
+    ----------
+    block_work : sequence of float
+        Work per block per iteration in seconds at speed 1.
+    current : sequence of int
+        Device index of each block now.
+    speeds : sequence of float
+        Relative throughput per device (> 0), e.g. measured.
+    move_cost : float or sequence of float
+        Seconds to move each block (one value for all, or one per block).
+    horizon : float
+        Iterations over which a move must pay back.
+    min_gain : float
+        Minimum relative makespan reduction worth acting on.
+
+    Returns
+    -------
+    list of int or None
+
+    Examples
+    --------
+    >>> rebalance_plan([1.0] * 8, [0, 0, 0, 0, 1, 1, 1, 1], [1.0, 0.25])
+    [0, 0, 0, 0, 0, 0, 0, 1]
+    >>> rebalance_plan([1.0] * 8, [0] * 7 + [1], [1.0, 0.25]) is None
+    True
+    """
+    n, m = len(block_work), len(speeds)
+    if len(current) != n:
+        raise ValueError(f"current has {len(current)} entries for {n} blocks")
+    if not speeds or any(not s > 0 for s in speeds):
+        raise ValueError(f"device speeds must be > 0, got {list(speeds)}")
+    if any(not 0 <= d < m for d in current):
+        raise ValueError(f"current maps blocks to devices outside 0..{m - 1}: {sorted(set(current))}")
+    costs = [float(move_cost)] * n if isinstance(move_cost, (int, float)) else [float(c) for c in move_cost]
+    if len(costs) != n:
+        raise ValueError(f"move_cost has {len(costs)} entries for {n} blocks")
+    plan = list(current)
+    load = [0.0] * m
+    for w, d in zip(block_work, plan):
+        load[d] += w
+    before = max(load[d] / speeds[d] for d in range(m)) if n else 0.0
+    for _ in range(n * m):
+        src = max(range(m), key=lambda d: (load[d] / speeds[d], -d))
+        span = load[src] / speeds[src]
+        best = None
+        seen: set[tuple[float, float]] = set()
+        for i in (i for i in range(n) if plan[i] == src):
+            w = block_work[i]
+            if (w, costs[i]) in seen:  # equal blocks are equal candidates: O(m) per step for them
+                continue
+            seen.add((w, costs[i]))
+            for t in range(m):
+                if t == src:
+                    continue
+                new = max((load[src] - w) / speeds[src], (load[t] + w) / speeds[t])
+                if new < span - 1e-12 and (best is None or (new, costs[i], i, t) < best):
+                    best = (new, costs[i], i, t)
+        if best is None:
+            break
+        _, _, i, t = best
+        load[src] -= block_work[i]
+        load[t] += block_work[i]
+        plan[i] = t
+    after = max(load[d] / speeds[d] for d in range(m)) if n else 0.0
+    gain = before - after
+    if gain <= 0 or gain < min_gain * before:
+        return None
+    traffic = [0.0] * m
+    for i in range(n):
+        if plan[i] != current[i]:
+            traffic[plan[i]] += costs[i]
+            traffic[current[i]] += costs[i]
+    if horizon * gain <= max(traffic):
+        return None
+    return plan

@@ -76,3 +76,52 @@ def utilization(index: int) -> dict[str, Any]:
     u = pynvml.nvmlDeviceGetUtilizationRates(h)
     m = pynvml.nvmlDeviceGetMemoryInfo(h)
     return {"gpu_util": u.gpu, "mem_util": u.memory, "memory_used": int(m.used), "memory_total": int(m.total)}
+
+
+_TOPO_NAMES = {0: "SYS-internal", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+
+
+def details(index: int) -> dict[str, Any]:
+    """SM count and topology of one CUDA device for the device table ({} without NVML).
+
+    ``topology`` is a string such as ``"GPU1:NV18,GPU2:SYS"``: per other GPU, the number of active
+    NVLinks between the two (``NV<n>``) or else the PCIe path (PIX, PXB, PHB, NODE, SYS).
+    """
+    st = state()
+    if not st.available:
+        return {}
+    import pynvml
+
+    out: dict[str, Any] = {}
+    h = pynvml.nvmlDeviceGetHandleByIndex(index)
+    try:
+        out["sm_count"] = int(pynvml.nvmlDeviceGetAttributes(h).multiprocessorCount)
+    except Exception:  # noqa: BLE001 - not on every driver / MIG mode
+        sm = next((d.get("sm_count") for d in st.devices if d["index"] == index), None)
+        if sm is not None:
+            out["sm_count"] = sm
+    links = []
+    for other in st.devices:
+        j = other["index"]
+        if j == index:
+            continue
+        try:
+            oh = pynvml.nvmlDeviceGetHandleByIndex(j)
+            n_nv = 0
+            opci = pynvml.nvmlDeviceGetPciInfo(oh).busId
+            for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
+                try:
+                    if (pynvml.nvmlDeviceGetNvLinkState(h, link)
+                            and pynvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId == opci):
+                        n_nv += 1
+                except Exception:  # noqa: BLE001 - link absent
+                    break
+            if n_nv:
+                links.append(f"GPU{j}:NV{n_nv}")
+            else:
+                level = pynvml.nvmlDeviceGetTopologyCommonAncestor(h, oh)
+                links.append(f"GPU{j}:{_TOPO_NAMES.get(int(level), str(level))}")
+        except Exception:  # noqa: BLE001 - topology queries are optional
+            continue
+    out["topology"] = ",".join(links)
+    return out

@@ -1,0 +1,490 @@
+"""Dask adapters: the placement SchedulerPlugin and the device-reporting WorkerPlugin.
+
+These are thin: they turn scheduler events into calls on the pure policies of
+:mod:`gdask.scheduling._placement` and :mod:`gdask.scheduling._mapping`, and their decisions into
+``TaskState.worker_restrictions`` and block moves.
+
+How placement reaches Dask (verified against distributed 2026.8, see the team's dask-internals
+notes): ``update_graph`` runs after the new TaskStates exist and before ``decide_worker``; a strict
+``worker_restrictions`` set there is honoured, and work stealing never moves strictly restricted
+tasks. Tasks strictly pinned to a worker that dies sit in ``no-worker``; ``remove_worker`` (which
+runs after the scheduler's own transitions) re-places them and moves them on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from typing import Any
+
+from distributed import SchedulerPlugin, WorkerPlugin
+
+from gdask import _config
+from gdask.scheduling._mapping import proportional_mapping, rebalance_plan
+from gdask.scheduling._placement import DurationModel, EarliestFinish
+
+logger = logging.getLogger("gdask.scheduling")
+
+__all__ = ["DeviceReporter", "GPUPlacement", "is_gpu_task"]
+
+#: modules whose functions run on the device: tasks calling them are "GPU tasks"
+GPU_MODULES = frozenset({"gdask.gdataset._blocks"})
+#: states from which a task may still be (re-)placed
+_PLACEABLE = frozenset({"released", "waiting", "no-worker"})
+#: states in which a task no longer occupies its device's queue
+_DONE = frozenset({"memory", "released", "forgotten", "erred"})
+
+
+def is_gpu_task(ts: Any) -> bool:
+    """Whether a scheduler TaskState runs device work.
+
+    True for tasks whose function lives in one of :data:`GPU_MODULES` (every GDataSet block task:
+    ``to_device``, ``block_op``, ``partial_op``, ``group_partial_op``, ``combine_op``) and for tasks
+    annotated ``{"gdask_gpu": True}``. Checked without importing ``gdask.gdataset``.
+    """
+    func = getattr(ts.run_spec, "func", None)
+    if getattr(func, "__module__", None) in GPU_MODULES:
+        return True
+    ann = ts.annotations
+    return bool(ann) and bool(ann.get("gdask_gpu"))
+
+
+def _block_index(key: Any) -> int | None:
+    if type(key) is tuple and len(key) == 2 and type(key[1]) is int:
+        return key[1]
+    return None
+
+
+def _arg_bytes(ts: Any) -> int:
+    """Bytes of array arguments embedded in a task (the input of a ``to_device`` block)."""
+    total = 0
+    for a in getattr(ts.run_spec, "args", ()) or ():
+        n = getattr(a, "nbytes", None)
+        if isinstance(n, int):
+            total += n
+    return total
+
+
+def _compute_seconds(startstops: Any) -> float | None:
+    if not startstops:
+        return None
+    total, seen = 0.0, False
+    for ss in startstops:
+        if ss.get("action") == "compute":
+            total += ss["stop"] - ss["start"]
+            seen = True
+    return total if seen else None
+
+
+class GPUPlacement(SchedulerPlugin):
+    """Place GDataSet (GPU) tasks on devices; leave every other task to stock Dask.
+
+    * Source blocks (block tasks without dependencies, e.g. ``from_array``) are mapped to devices
+      in proportion to each device's speed (:func:`proportional_mapping`).
+    * Every other GPU task goes to the device with the earliest predicted finish
+      (:class:`EarliestFinish`): the device's queue of predicted work, a duration learned per
+      (task kind, input size class, device) from measured ``startstops``
+      (:class:`DurationModel`), the bytes of its inputs not already there, and free memory.
+      Inputs cost a transfer elsewhere, so blocks keep their device across iterations.
+    * When no GPU work is outstanding, cached blocks (blocks that later graphs reused) are
+      rebalanced if the measured speeds drifted so that moving them pays back within
+      ``horizon`` iterations (:func:`rebalance_plan`).
+    * Decisions are strict ``worker_restrictions`` (work stealing leaves them alone); tasks pinned
+      to a worker that dies are re-placed.
+
+    Parameters
+    ----------
+    use_configured_speeds : bool, optional
+        Seed each device's speed with the speed it reports (emulated ``device_speeds``) before
+        measurements exist. Default config ``gdask.scheduling.use-configured-speeds``.
+    rebalance : bool, optional
+        Move cached blocks when speeds drift. Default config ``gdask.scheduling.rebalance``.
+    horizon : float, optional
+        Iterations a block move must pay back in. Default config ``gdask.scheduling.horizon``.
+    min_gain : float, optional
+        Minimum relative makespan gain for a rebalance. Default config ``gdask.scheduling.min-gain``.
+    interval : float, optional
+        Minimum seconds between rebalance checks. Default config ``gdask.scheduling.interval``.
+    alpha : float, optional
+        Weight of the newest measurement in the duration model (config ``gdask.scheduling.alpha``).
+    latency : float, optional
+        Seconds a task is assumed to pay to fetch inputs from another device (config
+        ``gdask.scheduling.latency``): small tasks stay with their data.
+    """
+
+    name = "gdask-placement"
+    idempotent = True
+
+    def __init__(self, *, use_configured_speeds: bool | None = None, rebalance: bool | None = None,
+                 horizon: float | None = None, min_gain: float | None = None,
+                 interval: float | None = None, alpha: float | None = None,
+                 latency: float | None = None) -> None:
+        def conf(value, key, default):
+            return value if value is not None else _config.get(f"scheduling.{key}", default)
+
+        self.use_configured_speeds = bool(conf(use_configured_speeds, "use-configured-speeds", True))
+        self.rebalance = bool(conf(rebalance, "rebalance", True))
+        self.horizon = float(conf(horizon, "horizon", 5.0))
+        self.min_gain = float(conf(min_gain, "min-gain", 0.1))
+        self.interval = float(conf(interval, "interval", 1.0))
+        self.alpha = float(conf(alpha, "alpha", 0.3))
+        self.latency = float(conf(latency, "latency", 0.01))
+        if self.horizon <= 0 or self.min_gain < 0 or self.interval < 0 or self.latency < 0:
+            raise ValueError(
+                f"gdask.scheduling needs horizon > 0 and min-gain, interval, latency >= 0; got horizon="
+                f"{self.horizon}, min_gain={self.min_gain}, interval={self.interval}, latency={self.latency}"
+            )
+        self.scheduler: Any = None
+        self.model = DurationModel(alpha=self.alpha, warmup=1, min_speed_seconds=0.005)
+        self.placer: EarliestFinish | None = None
+        self._meta: dict[Any, tuple[str, float]] = {}  # placed, unfinished key -> (kind, input bytes)
+        self._pinned: dict[Any, str] = {}  # key -> address we restricted it to (until forgotten)
+        self._families: dict[str, set[Any]] = defaultdict(set)  # cached block families
+        self._stats: dict[str, dict[str, float]] = defaultdict(lambda: {"placed": 0, "done": 0, "busy": 0.0})
+        self._last_check = 0.0
+        self._rebalancing: asyncio.Task | None = None
+        self.moves = 0  # blocks moved by rebalancing
+        self.replaced = 0  # tasks re-placed after a worker died
+        self.last_moves: list[tuple[str, str, str]] = []
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        self.placer = EarliestFinish(self.model, bandwidth=float(scheduler.bandwidth), latency=self.latency)
+        for ws in scheduler.workers.values():
+            self._add(ws)
+        scheduler.handlers["gdask_device_table"] = self._handle_table
+        scheduler.handlers["gdask_placement_stats"] = self._handle_stats
+
+    def add_worker(self, scheduler: Any, worker: str) -> None:
+        if self.placer is not None and worker in scheduler.workers:
+            self._add(scheduler.workers[worker])
+
+    def _add(self, ws: Any) -> None:
+        self.placer.add_device(ws.address, streams=_streams(ws))
+        self._refresh(ws)
+
+    def _refresh(self, ws: Any) -> None:
+        if ws.address in self.placer.devices:  # the stream executor's live K (nthreads is its maximum)
+            self.placer.devices[ws.address].streams = _streams(ws)
+        dev = (ws.metrics or {}).get("gdask_device") or {}
+        speed = dev.get("speed")
+        if self.use_configured_speeds and isinstance(speed, (int, float)) and speed > 0:
+            self.model.set_prior(ws.address, float(speed))
+        total, used = dev.get("memory"), dev.get("memory_used")
+        if isinstance(total, (int, float)) and isinstance(used, (int, float)):
+            self.placer.set_memory_free(ws.address, total - used)
+
+    def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
+        if self.placer is None:
+            return
+        self.placer.remove_device(worker)
+        self.model.forget_device(worker)
+        running = self._candidates()
+        recs = {}
+        for key in [k for k, a in self._pinned.items() if a == worker]:
+            ts = scheduler.tasks.get(key)
+            if ts is None:
+                self._pinned.pop(key, None)
+                continue
+            if not running or ts.state not in _PLACEABLE:
+                # held elsewhere, done or failed (or nobody left to pin to): drop the dead pin and
+                # let Dask place it should it ever run again
+                ts.worker_restrictions = set()
+                self._pinned.pop(key, None)
+                continue
+            self._place(ts, running, {})
+            self.replaced += 1
+            if ts.state == "no-worker":
+                recs[key] = "processing"
+        if recs:
+            scheduler.transitions(recs, stimulus_id=f"gdask-replace-{time.time()}")
+
+    # -- placement ------------------------------------------------------------------------------
+    def _candidates(self) -> list[str]:
+        s = self.scheduler
+        return sorted((ws.address for ws in s.running), key=lambda a: (str(s.workers[a].name), a))
+
+    def update_graph(self, scheduler: Any, *, tasks: Any = (), **kwargs: Any) -> None:
+        if self.placer is None:
+            return
+        stasks = scheduler.tasks
+        pinned = self._pinned
+        found = False
+        for key in tasks:
+            ts = stasks.get(key)
+            if ts is not None and (key in pinned or is_gpu_task(ts)):
+                found = True
+                if ts.state == "memory" and _block_index(key) is not None and ts.who_wants and ts.dependents:
+                    # a cached block reused by a new graph: a candidate for rebalancing
+                    self._families[key[0]].add(key)
+        if not found:
+            return  # plain Dask work: nothing to do
+        # GPU tasks: device functions, and tasks fed by GPU tasks (fused block tasks, e.g. after
+        # dask.array's optimizer, keep their GDataSet inputs); priorities order dependencies first
+        level: dict[Any, int] = {}  # depth among this graph's GPU tasks
+        gpu = []
+        for ts in sorted((stasks[k] for k in tasks if k in stasks), key=lambda t: t.priority or ()):
+            if not (is_gpu_task(ts) or ts.key in pinned
+                    or any(d.key in level or d.key in pinned for d in ts.dependencies)):
+                continue
+            level[ts.key] = 1 + max((level[d.key] for d in ts.dependencies if d.key in level), default=-1)
+            if ts.state in _PLACEABLE:
+                if (ts.worker_restrictions or ts.host_restrictions) and ts.key not in pinned:
+                    continue  # the user's restrictions win
+                gpu.append(ts)
+        if not gpu:
+            return
+        running = self._candidates()
+        if not running:
+            return
+        for ws in scheduler.running:
+            self._refresh(ws)
+        # level by level (all block tasks, then their combines, ...): a combine is placed knowing
+        # when and where every one of its inputs is predicted to be ready
+        gpu.sort(key=lambda t: level[t.key])
+        sources: dict[str, list] = defaultdict(list)
+        planned: dict[Any, tuple[str, float]] = {}  # key -> (address, predicted finish)
+        for ts in gpu:
+            if not ts.dependencies and _block_index(ts.key) is not None:
+                sources[ts.key[0]].append(ts)
+        for members in sources.values():
+            members.sort(key=lambda t: t.key[1])
+            sizes = [float(_arg_bytes(t) or 1) for t in members]
+            mapping = proportional_mapping(sizes, [self.model.speed(a) for a in running])
+            for t, d in zip(members, mapping):
+                self._pin(t, running[d], t.prefix.name, 0.0, strict=True)
+                planned[t.key] = (running[d], 0.0)
+        confident = sum(self.model.measured(a) for a in running) >= min(2, len(running))
+        for ts in gpu:
+            if ts.key not in planned:
+                planned[ts.key] = self._place(ts, running, planned, confident)
+
+    def _place(self, ts: Any, running: list[str], planned: dict[Any, tuple[str, float]],
+               confident: bool = True) -> tuple[str, float]:
+        local: dict[str, float] = defaultdict(float)
+        nbytes = ready = 0.0
+        for dts in ts.dependencies:
+            who = dts.who_has
+            if who:
+                b = max(dts.nbytes, 0)
+                for ws in who:
+                    local[ws.address] += b
+            else:
+                b = self.model.output_nbytes(dts.prefix.name)
+                plan = planned.get(dts.key)
+                addr = plan[0] if plan else self._pinned.get(dts.key)
+                if plan:
+                    ready = max(ready, plan[1])
+                if addr is not None:
+                    local[addr] += b
+            nbytes += b
+        kind = ts.prefix.name
+        addr, _ = self.placer.choose(kind, nbytes, local, candidates=running, ready=ready)
+        finish = self.placer.finish_time(addr, kind, nbytes, local, ready)
+        # until durations are measured the choice is a guess: let work stealing correct it
+        self._pin(ts, addr, kind, nbytes, strict=confident and self.model.known(kind))
+        return addr, finish
+
+    def _pin(self, ts: Any, addr: str, kind: str, nbytes: float, strict: bool = True) -> None:
+        ts.worker_restrictions = {addr}
+        ts.loose_restrictions = not strict
+        self._pinned[ts.key] = addr
+        self._meta[ts.key] = (kind, nbytes)
+        self.placer.assign(ts.key, addr, self.model.predict(kind, nbytes, addr))
+        self._stats[addr]["placed"] += 1
+
+    # -- feedback -------------------------------------------------------------------------------
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        if finish not in _DONE:
+            return
+        if finish == "forgotten":
+            self._pinned.pop(key, None)
+            if self._families:
+                i = _block_index(key)
+                if i is not None and key[0] in self._families:
+                    fam = self._families[key[0]]
+                    fam.discard(key)
+                    if not fam:
+                        del self._families[key[0]]
+        meta = self._meta.pop(key, None)
+        if meta is None:
+            return
+        self.placer.finished(key)
+        if start != "processing" or finish != "memory":
+            return
+        worker = kwargs.get("worker")
+        seconds = _compute_seconds(kwargs.get("startstops"))
+        if worker is None or seconds is None:
+            return
+        kind, nbytes = meta
+        out = kwargs.get("nbytes")
+        self.model.observe(kind, nbytes, worker, seconds, out_nbytes=out if isinstance(out, int) else None)
+        st = self._stats[worker]
+        st["done"] += 1
+        st["busy"] += seconds
+        if self.rebalance and self._families and not self._meta:
+            now = time.monotonic()
+            if now - self._last_check >= self.interval and (self._rebalancing is None or self._rebalancing.done()):
+                self._last_check = now
+                self._rebalancing = asyncio.get_running_loop().create_task(self._rebalance())
+
+    # -- rebalancing ----------------------------------------------------------------------------
+    def plan_moves(self) -> list[tuple[Any, list[str], str]]:
+        """Block moves ``(key, holders, target)`` that pay for themselves now (empty if none).
+
+        A block held by several workers (a task elsewhere fetched it) counts on the holder where
+        it balances best; after a move only ``target`` keeps it.
+        """
+        s = self.scheduler
+        running = self._candidates()
+        spb = self.model.seconds_per_byte()
+        if len(running) < 2 or not spb or sum(self.model.measured(a) for a in running) < 2:
+            return []
+        index = {a: i for i, a in enumerate(running)}
+        speeds = [self.model.speed(a) for a in running]
+        moves = []
+        for keys in list(self._families.values()):
+            single, multi = [], []
+            for k in sorted(keys, key=lambda k: k[1]):
+                ts = s.tasks.get(k)
+                if ts is None or ts.state != "memory" or not ts.who_has or ts.nbytes <= 0:
+                    continue
+                holders = sorted((ws.address for ws in ts.who_has if ws.address in index), key=index.get)
+                if holders:
+                    (single if len(holders) == 1 else multi).append((ts, holders))
+            if len(single) + len(multi) < 2:
+                continue
+            load = [0.0] * len(running)
+            blocks, current = [], []
+            for ts, holders in single:
+                load[index[holders[0]]] += ts.nbytes
+                blocks.append((ts, holders))
+                current.append(index[holders[0]])
+            for ts, holders in multi:  # replicated: count it where it balances best
+                h = min((index[a] for a in holders), key=lambda d: ((load[d] + ts.nbytes) / speeds[d], d))
+                load[h] += ts.nbytes
+                blocks.append((ts, holders))
+                current.append(h)
+            plan = rebalance_plan([t.nbytes * spb for t, _ in blocks], current, speeds,
+                                  move_cost=[self.placer.latency + t.nbytes / self.placer.bandwidth
+                                             for t, _ in blocks],
+                                  horizon=self.horizon, min_gain=self.min_gain)
+            final = plan or current
+            for (ts, holders), p in zip(blocks, final):
+                if plan is not None or len(holders) > 1:
+                    target = running[p]
+                    if holders != [target]:
+                        moves.append((ts.key, holders, target))
+        return moves
+
+    async def _rebalance(self) -> None:
+        try:
+            moves = self.plan_moves()
+            if not moves:
+                return
+            self.last_moves = [(str(k), h, t) for k, h, t in moves]
+            s = self.scheduler
+            by_dest: dict[str, dict[Any, list[str]]] = defaultdict(dict)
+            for key, holders, dst in moves:
+                if dst not in holders:
+                    by_dest[dst][key] = list(holders)
+            failed = await asyncio.gather(*[s.gather_on_worker(d, w) for d, w in by_dest.items()])
+            bad = set().union(*failed) if failed else set()
+            by_src: dict[str, list] = defaultdict(list)
+            moved = 0
+            for key, holders, dst in moves:
+                ts = s.tasks.get(key)
+                if key in bad or ts is None or ts.waiters:
+                    continue  # keep the old copies: a task is about to read them
+                if dst in {ws.address for ws in ts.who_has or ()}:
+                    moved += dst not in holders
+                    for h in holders:
+                        if h != dst:
+                            by_src[h].append(key)
+            stim = f"gdask-rebalance-{time.time()}"
+            await asyncio.gather(*[s.delete_worker_data(a, ks, stim) for a, ks in by_src.items()])
+            self.moves += moved
+            logger.info("gdask: rebalanced %d blocks", moved)
+        except Exception:  # noqa: BLE001 - a failed move leaves data where it was; log it loudly
+            logger.exception("gdask: block rebalancing failed")
+
+    # -- RPC handlers ---------------------------------------------------------------------------
+    def placement_stats(self) -> dict[str, dict[str, Any]]:
+        """Per worker address: measured relative speed, tasks placed/done, busy and backlog seconds."""
+        snap = self.placer.snapshot() if self.placer else {}
+        rel = self.model.relative_speeds(list(snap))
+        out = {}
+        for addr, d in snap.items():
+            st = self._stats.get(addr, {})
+            out[addr] = {
+                "speed_measured": round(rel[addr], 4) if self.model.measured(addr) else None,
+                "placed": int(st.get("placed", 0)),
+                "gpu_tasks_done": int(st.get("done", 0)),
+                "gpu_busy_s": round(st.get("busy", 0.0), 4),
+                "backlog_s": round(d["backlog"], 4),
+            }
+        return out
+
+    def _handle_table(self, **kwargs: Any) -> list[dict[str, Any]]:
+        from gdask.scheduling._registry import device_rows
+
+        s = self.scheduler
+        workers = {addr: {"name": ws.name, "nthreads": ws.nthreads, "metrics": ws.metrics}
+                   for addr, ws in s.workers.items()}
+        return device_rows(workers, self.placement_stats())
+
+    def _handle_stats(self, **kwargs: Any) -> dict[str, Any]:
+        return {"workers": self.placement_stats(), "moves": self.moves, "last_moves": self.last_moves, "replaced": self.replaced,
+                "pinned": len(self._pinned), "outstanding": self.placer.outstanding() if self.placer else 0}
+
+
+class DeviceReporter(WorkerPlugin):
+    """Worker side of the registry: publishes NVML details and, on clusters not started by
+    :class:`~gdask.LocalGPUCluster`, gives the worker its device.
+
+    Parameters
+    ----------
+    create_device : bool
+        Give the worker a device (CUDA where available, else emulated, per ``gdask`` config) if
+        it has none, as ``dask worker --preload gdask.scheduling`` does.
+    """
+
+    name = "gdask-device-reporter"
+    idempotent = True
+
+    def __init__(self, create_device: bool = False) -> None:
+        self.create_device = bool(create_device)
+
+    def setup(self, worker: Any) -> None:
+        if self.create_device and getattr(worker, "gdask_device", None) is None:
+            from gdask._devices import make_specs
+            from gdask._worker import DeviceSetup
+
+            spec = make_specs(1)[0]
+            DeviceSetup({worker.name: spec}).setup(worker)
+        worker.metrics["gdask_nvml"] = _nvml_metrics
+
+
+def _streams(ws: Any) -> int:
+    """Tasks a worker runs at once: its stream executor's current K, else its thread count."""
+    k = ((ws.metrics or {}).get("gdask_streams") or {}).get("streams")
+    return max(1, int(k)) if isinstance(k, (int, float)) and k >= 1 else max(1, ws.nthreads)
+
+
+_NVML_CACHE: dict[int, dict[str, Any]] = {}
+
+
+def _nvml_metrics(worker: Any) -> dict[str, Any]:
+    """SM count and topology (static: probed once per device); utilisation is in ``gdask_device``."""
+    dev = getattr(worker, "gdask_device", None)
+    if dev is None or getattr(dev, "backend", None) != "cuda":
+        return {}
+    idx = dev.spec.physical
+    if idx not in _NVML_CACHE:
+        from gdask._devices import _nvml
+
+        _NVML_CACHE[idx] = _nvml.details(idx)
+    return _NVML_CACHE[idx]

@@ -1,0 +1,180 @@
+"""The placement SchedulerPlugin on real clusters: in-process (gen_cluster) and LocalGPUCluster."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import dask
+import numpy as np
+import pytest
+from distributed.utils_test import gen_cluster, inc, slowinc
+
+import gdask
+from gdask.scheduling import GPUPlacement, is_gpu_task
+
+
+def _pinned(s, keys):
+    return {k: (set(s.tasks[k].worker_restrictions or ()), s.tasks[k].loose_restrictions) for k in keys}
+
+
+def _train(plugin, kind, seconds_by_worker, n=3):
+    for _ in range(n):  # the first measurement per (kind, device) is a warm-up and is ignored
+        for addr, sec in seconds_by_worker.items():
+            plugin.model.observe(kind, 0, addr, sec)
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 2)
+async def test_plain_tasks_left_to_dask_and_marked_tasks_pinned(c, s, a, b):
+    plugin = GPUPlacement()
+    await c.register_plugin(plugin)
+    plugin = s.plugins[GPUPlacement.name]
+    plain = c.map(inc, range(10))
+    await c.gather(plain)
+    assert all(not s.tasks[f.key].worker_restrictions for f in plain)
+    with dask.annotate(gdask_gpu=True):
+        gpu = c.map(inc, range(100, 110))
+    assert await c.gather(gpu) == list(range(101, 111))
+    assert is_gpu_task(s.tasks[gpu[0].key]) and not is_gpu_task(s.tasks[plain[0].key])
+    pins = _pinned(s, [f.key for f in gpu])
+    assert all(len(w) == 1 for w, _ in pins.values())
+    assert {next(iter(w)) for w, _ in pins.values()} == {a.address, b.address}  # spread, not all on one
+    stats = plugin.placement_stats()
+    assert sum(v["placed"] for v in stats.values()) == 10
+    assert plugin.placer.outstanding() == 0
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 2)
+async def test_work_stealing_does_not_undo_confident_placement(c, s, a, b):
+    await c.register_plugin(GPUPlacement())
+    plugin = s.plugins[GPUPlacement.name]
+    # b is measured 50x slower: every task belongs on a, although b sits idle
+    _train(plugin, "slowinc", {a.address: 0.05, b.address: 2.5})
+    assert s.extensions["stealing"] is not None
+    with dask.annotate(gdask_gpu=True):
+        futs = c.map(slowinc, range(16), delay=0.05)
+    assert await c.gather(futs) == list(range(1, 17))
+    where = {ws.address for f in futs for ws in s.tasks[f.key].who_has}
+    assert where == {a.address}
+    assert all(not loose for _, loose in _pinned(s, [f.key for f in futs]).values())
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 3)
+async def test_pinned_tasks_are_replaced_when_their_worker_dies(c, s, a, b, w3):
+    await c.register_plugin(GPUPlacement())
+    plugin = s.plugins[GPUPlacement.name]
+    _train(plugin, "slowinc", {a.address: 0.05, b.address: 0.05, w3.address: 0.05})
+    with dask.annotate(gdask_gpu=True):
+        futs = c.map(slowinc, range(30), delay=0.05)
+        total = c.submit(sum, futs)
+    while not any(f.done() for f in futs):
+        await asyncio.sleep(0.01)
+    victim = a.address
+    assert any(plugin._pinned.get(f.key) == victim for f in futs)
+    await a.close()
+    # without re-placement the tasks pinned to the dead worker would wait in no-worker forever
+    assert await asyncio.wait_for(total, 30) == sum(range(1, 31))
+    assert plugin.replaced > 0
+    assert all(victim not in (s.tasks[f.key].worker_restrictions or ()) for f in futs)
+
+
+# in-process clusters first: the module-scoped LocalGPUCluster below holds a client of its own
+@gen_cluster(client=True, nthreads=[("", 1)], scheduler_kwargs={"preload": ["gdask.scheduling"]})
+async def test_scheduler_preload_installs_placement(c, s, a):
+    assert isinstance(s.plugins.get(GPUPlacement.name), GPUPlacement)
+    assert "gdask_device_table" in s.handlers
+    stats = await c.scheduler.gdask_placement_stats()
+    assert a.address in stats["workers"]
+
+
+def _sleepy(b, cost, it):
+    time.sleep(b.shape[0] * cost)
+    return b.sum(axis=0)
+
+
+def _add(parts):
+    out = parts[0]
+    for p in parts[1:]:
+        out = out + p
+    return out
+
+
+def _counts(X, client):
+    from gdask.gdataset._repr import block_workers
+
+    where, _ = block_workers(X, client, wait_ready=True)
+    names = {a: w["name"] for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}
+    out: dict = {}
+    for addr in where.values():
+        out[names[addr]] = out.get(names[addr], 0) + 1
+    return out
+
+
+async def _die():
+    os._exit(1)
+
+
+def _restricted(keys, dask_scheduler=None):
+    return [bool(dask_scheduler.tasks[k].worker_restrictions) for k in keys]
+
+
+@pytest.fixture(scope="module")
+def hetero():
+    from distributed import Client
+
+    with gdask.LocalGPUCluster(n_devices=2, backend="emulated", device_memory="256MiB", device_speeds=[1.0, 0.25],
+                               dashboard_address=":0") as cluster, Client(cluster) as c:
+        yield c
+
+
+def test_blocks_mapped_in_proportion_to_speed_and_results_match(hetero):
+    data = np.random.default_rng(1).random((20_000, 3))
+    X = gdask.from_array(data, block_rows=1_000).persist()
+    assert _counts(X, hetero) == {0: 16, 1: 4}
+    np.testing.assert_allclose(np.asarray(X.sum(axis=0).compute()), data.sum(axis=0))
+    np.testing.assert_allclose((X * 2 + 1).compute(), data * 2 + 1)
+    Y = (X * 2).persist()
+    # derived blocks stay with their inputs, or move to the faster device when that finishes earlier
+    assert _counts(Y, hetero)[0] >= 16
+    # plain Dask work on the same cluster: untouched
+    futs = hetero.map(inc, range(20))
+    assert hetero.gather(futs) == list(range(1, 21))
+    restr = hetero.run_on_scheduler(_restricted, [f.key for f in futs])
+    assert not any(restr)
+
+
+def test_worker_killed_mid_iteration_same_result(hetero):
+    data = np.random.default_rng(2).random((8_000, 2))
+    X = gdask.from_array(data, block_rows=1_000).persist()
+    _counts(X, hetero)
+    expected = data.sum(axis=0)
+    fut = hetero.compute(X.reduce_blocks(_sleepy, _add, 2e-5, 0))
+    time.sleep(0.1)
+    victim = [a for a, w in hetero.scheduler_info(n_workers=-1)["workers"].items() if w["name"] == 0][0]
+    hetero.run(_die, workers=[victim], wait=False)  # the nanny starts a fresh worker
+    np.testing.assert_allclose(fut.result(timeout=90), expected)
+    hetero.wait_for_workers(2, timeout=60)
+    # the next iteration runs normally on the cluster that lost and regained a device
+    np.testing.assert_allclose(X.reduce_blocks(_sleepy, _add, 1e-6, 1).compute(timeout=60), expected)
+
+
+def test_blocks_rebalanced_when_measured_speeds_differ():
+    from distributed import Client
+
+    with dask.config.set({"gdask.scheduling.use-configured-speeds": False, "gdask.scheduling.interval": 0.0}):
+        cluster = gdask.LocalGPUCluster(n_devices=2, backend="emulated", device_memory="256MiB",
+                                        device_speeds=[1.0, 0.25], dashboard_address=":0")
+    with cluster, Client(cluster) as c:
+        data = np.ones((10_000, 2))
+        X = gdask.from_array(data, block_rows=1_000).persist()
+        assert _counts(X, c) == {0: 5, 1: 5}  # nothing measured yet: equal split
+        for it in range(6):
+            assert X.reduce_blocks(_sleepy, _add, 2e-5, it).compute()[0] == 10_000
+            time.sleep(0.2)  # moves run between iterations
+        counts = _counts(X, c)
+        stats = c.sync(c.scheduler.gdask_placement_stats)
+    assert stats["moves"] > 0
+    assert counts[0] >= 7, counts  # 8:2 is proportional to 1 : 0.25
+    speeds = {w["speed_measured"] for w in stats["workers"].values()}
+    assert min(speeds) < 0.5
