@@ -1,0 +1,659 @@
+"""WindowStore: the tiered device/host(/disk) block store, usable as ``Worker(data=...)``.
+
+Device arrays stored in it (GDataSet blocks) are *managed*: each has a state (on device, on host,
+on disk, in flight) and the store keeps as many of them on the device as free device memory
+allows, following an eviction policy (:class:`~gdask.window_cache.FurthestInFuture`, the sliding
+window, or :class:`~gdask.window_cache.LRU`). Reading a block that is not on the device copies it
+there first (a *miss*, the reader waits: stall time); with the window policy the blocks of the next
+predicted reads are copied ahead by a prefetch thread while the current blocks compute. Anything
+else (small results, host arrays, Python objects) lives in a plain dict.
+
+Worker reads happen on the worker's event loop (``Worker._prepare_args_for_execution`` reads every
+dependency of a task before it runs), so a task that takes many blocks needs all of them on the
+device at once: per-block tasks are what let a window work.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Callable, Hashable, Iterator
+
+from dask.sizeof import sizeof
+from dask.utils import format_bytes
+
+from gdask import _config
+from gdask._errors import DeviceMemoryError
+from gdask.window_cache._policy import LRU, FurthestInFuture, WindowSize
+from gdask.window_cache._tiers import DiskTier, device_tier
+
+__all__ = ["State", "WindowCacheMemoryError", "WindowStore", "make_room"]
+
+Key = Hashable
+
+#: how long a demand load waits for device memory held by running tasks before the reader gets the
+#: host copy instead (s)
+_WAIT_FOR_MEMORY = 0.5
+
+_COUNTERS = ("reads", "hits", "misses", "prefetch_hits", "host_reads", "prefetches", "prefetch_dropped", "evictions",
+             "bytes_h2d", "bytes_d2h", "bytes_to_disk", "bytes_from_disk", "passes")
+
+
+class WindowCacheMemoryError(DeviceMemoryError):
+    """A block cannot be brought onto the device: it is larger than the window's budget, or the
+    memory it needs stays held by others."""
+
+
+class State(str, Enum):
+    """Where a managed block is. A block on the device may also keep a host copy."""
+
+    DEVICE = "device"
+    HOST = "host"
+    DISK = "disk"
+    IN_FLIGHT = "in-flight"
+
+
+@dataclass
+class _Entry:
+    nbytes: int
+    device: Any = None
+    host: Any = None
+    disk: str | None = None
+    pending: Any = None  # device buffer being filled
+    inflight: threading.Event | None = None
+    prefetched: bool = False  # brought by a prefetch and not read since
+    deleted: bool = False
+
+    @property
+    def state(self) -> State:
+        if self.device is not None:
+            return State.DEVICE
+        if self.inflight is not None:
+            return State.IN_FLIGHT
+        if self.host is not None:
+            return State.HOST
+        return State.DISK
+
+
+_stores: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> store
+
+
+def make_room(nbytes: int, device: Any = None) -> int:
+    """Evict blocks of the window stores on ``device`` (default: this process's device) until
+    ``nbytes`` more device memory is free, ignoring the prefetch rules; returns the bytes evicted.
+
+    For allocations outside the store that failed with :class:`~gdask.DeviceMemoryError`: call
+    ``make_room(nbytes)`` and retry once.
+    """
+    if device is None:
+        from gdask import _devices
+
+        device = _devices._current
+    freed = 0
+    for s in list(_stores.values()):
+        if freed >= nbytes:
+            break
+        if device is None or (s._tier is not None and s._tier.device is device):
+            freed += s.evict_bytes(nbytes - freed)
+    return freed
+
+
+def _config_policy() -> str:
+    return _config.get("window-cache.policy", "window")
+
+
+class WindowStore(MutableMapping):
+    """Tiered block store with the variable sliding window.
+
+    Parameters
+    ----------
+    policy : {"window", "lru"} or policy object, optional
+        ``"window"``: furthest-in-future eviction on the learnt scan order, prefetch of the next
+        blocks (:class:`FurthestInFuture`). ``"lru"``: least recently used, no prefetch. Or any
+        object with the policy interface (``on_insert``, ``on_read``, ``on_remove``, ``hint``,
+        ``victims``, ``prefetch``). Default: config ``gdask.window-cache.policy``.
+    device : gdask device, optional
+        Device whose memory holds the device tier. Default: the process's device
+        (``gdask._devices.current_device``), bound at first use, because a worker's device is
+        set up by a plugin after the worker has created its data store. Without a device
+        everything lives in a plain dict.
+    reserve : int, float or str, optional
+        Device memory kept free: bytes, "64MiB", or a fraction (< 1) of the budget; at least the
+        largest block is always kept free. Default config ``gdask.window-cache.reserve``.
+    prefetch : int, optional
+        Predicted reads ahead that are copied to the device in advance (window policy). Default
+        config ``gdask.window-cache.prefetch``.
+    host_copy : bool
+        Keep the host copy of a block that is moved to the device (default), so evicting it later
+        copies nothing. ``False`` = exclusive tiers, as dask-cuda's device->host spilling: every
+        eviction copies the block back to the host.
+    disk : str, optional
+        Directory for the disk tier; used when the host tier exceeds ``host_memory_limit``.
+    host_memory_limit : int or str, optional
+        Bytes of managed blocks kept in host memory before the furthest-needed ones go to disk.
+    size : callable, optional
+        ``size(value) -> bytes`` (default ``dask.sizeof``).
+    on_hit, on_miss, on_evict : callable, optional
+        Hooks ``f(key, nbytes)`` called (outside the store's lock) on a device hit, on a read that
+        needed a copy (miss or prefetch), and on every eviction from the device.
+    window_samples : int
+        Samples of the window size kept for ``stats()["window"]``.
+    window_interval : float
+        Seconds between two window samples; changes closer together are coalesced.
+
+    Examples
+    --------
+    >>> cluster = gdask.LocalGPUCluster(n_devices=2, data=gdask.window_cache.WindowStore)  # doctest: +SKIP
+    """
+
+    def __init__(self, policy: Any = None, *, device: Any = None, reserve: Any = None, prefetch: int | None = None,
+                 host_copy: bool = True, disk: str | None = None, host_memory_limit: Any = None,
+                 size: Callable[[Any], int] | None = None, on_hit: Callable | None = None,
+                 on_miss: Callable | None = None, on_evict: Callable | None = None,
+                 window_samples: int = 1000, window_interval: float = 0.01) -> None:
+        from gdask._devices import parse_size
+
+        if prefetch is None:
+            prefetch = int(_config.get("window-cache.prefetch", 2))
+        policy = _config_policy() if policy is None else policy
+        if isinstance(policy, str):
+            if policy == "window":
+                policy = FurthestInFuture(lookahead=prefetch)
+            elif policy == "lru":
+                policy = LRU()
+            else:
+                raise ValueError(f"policy must be 'window', 'lru' or a policy object, got {policy!r}")
+        self.policy = policy
+        if reserve is None:
+            reserve = _config.get("window-cache.reserve", 0.05)
+        if isinstance(reserve, str):
+            reserve = parse_size(reserve, name="reserve")
+        self.size_policy = WindowSize(reserve)
+        self.host_copy = bool(host_copy)
+        if host_memory_limit is None:
+            host_memory_limit = _config.get("window-cache.host-memory-limit")
+        self.host_memory_limit = parse_size(host_memory_limit, name="host_memory_limit")
+        disk = disk if disk is not None else _config.get("window-cache.disk")
+        self._disk_dir = disk
+        self._disk: DiskTier | None = None
+        self._size = size or sizeof
+        self._on_hit, self._on_miss, self._on_evict = on_hit, on_miss, on_evict
+        self._device = device
+        self._tier = None
+        self._plain: dict[Key, Any] = {}
+        self._entries: dict[Key, _Entry] = {}
+        self._resident: dict[Key, int] = {}  # blocks on the device -> bytes
+        self._resident_bytes = 0
+        self._inflight_bytes = 0
+        self._host_bytes = 0
+        self._largest = 0
+        self._draining: list[tuple[Any, int]] = []
+        self._lock = threading.RLock()
+        self._queue: deque[tuple[Key, _Entry]] = deque()
+        self._cond = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.counters = dict.fromkeys(_COUNTERS, 0)
+        self.stall_time = 0.0
+        self.window: deque[tuple[float, int, int, int]] = deque(maxlen=window_samples)
+        self._window_interval = float(window_interval)
+        self._t0 = time.time()
+
+    # -- binding -------------------------------------------------------------------------------
+    @property
+    def tier(self):
+        """The device tier adapter, bound at first use (``None`` while there is no device)."""
+        if self._tier is None:
+            dev = self._device
+            if dev is None:
+                from gdask import _devices
+
+                dev = _devices._current  # the worker's device, never a new one
+            if dev is not None:
+                self._tier = device_tier(dev)
+                _stores[id(self)] = self
+                self._register_metrics()
+        return self._tier
+
+    def _register_metrics(self) -> None:
+        """Publish ``worker.metrics["gdask_window"]`` on the worker whose data store this is."""
+        try:
+            from distributed import Worker
+        except ImportError:  # pragma: no cover - distributed is a dependency
+            return
+        for worker in list(getattr(Worker, "_instances", ())):
+            if getattr(worker, "data", None) is self:
+                ref = weakref.ref(self)
+                worker.metrics["gdask_window"] = lambda w: (ref() or _Empty).metrics()
+
+    # -- mapping protocol ------------------------------------------------------------------------
+    def __setitem__(self, key: Key, value: Any) -> None:
+        if key in self:
+            del self[key]
+        tier = self.tier
+        if tier is None or not tier.owns(value):
+            self._plain[key] = value
+            return
+        nbytes = int(self._size(value))
+        with self._lock:
+            e = _Entry(nbytes=nbytes, device=value)
+            self._entries[key] = e
+            self._resident[key] = nbytes
+            self._resident_bytes += nbytes
+            self._largest = max(self._largest, nbytes)
+            self.policy.on_insert(key)
+            # a new device block: get back within the window (it may itself go to the host)
+            self._fit(protect=())
+            self._sample()
+
+    def __getitem__(self, key: Key) -> Any:
+        try:
+            return self._plain[key]
+        except KeyError:
+            pass
+        hook = None
+        with self._lock:
+            e = self._entries[key]
+            self.counters["reads"] += 1
+            if self.policy.on_read(key):
+                self.counters["passes"] += 1
+                self._sample()
+            if e.device is not None:
+                value = e.device
+                if e.prefetched:
+                    e.prefetched = False
+                    self.counters["prefetch_hits"] += 1
+                    hook = self._on_miss
+                else:
+                    self.counters["hits"] += 1
+                    hook = self._on_hit
+            else:
+                ev = e.inflight
+                t0 = time.perf_counter()
+                if ev is None:  # demand load: the reader waits for the copy
+                    self.counters["misses"] += 1
+                    value = self._demand_load(key, e)
+                else:  # a prefetch is copying it: wait for that copy
+                    self.counters["prefetch_hits"] += 1
+                    self._lock.release()
+                    try:
+                        ev.wait()
+                    finally:
+                        self._lock.acquire()
+                    # that copy failed (or the block was evicted again at once): load it now
+                    value = e.device if e.device is not None else self._demand_load(key, e)
+                e.prefetched = False
+                self.stall_time += time.perf_counter() - t0
+                hook = self._on_miss
+            self._schedule_prefetch()
+        if hook is not None:
+            hook(key, e.nbytes)
+        return value
+
+    def __delitem__(self, key: Key) -> None:
+        if key in self._plain:
+            del self._plain[key]
+            return
+        with self._lock:
+            e = self._entries.pop(key)
+            e.deleted = True
+            self.policy.on_remove(key)
+            if self._resident.pop(key, None) is not None:
+                self._resident_bytes -= e.nbytes
+                e.device = None
+            if e.host is not None:
+                self._host_bytes -= e.nbytes
+                e.host = None
+            if e.disk is not None:
+                self._disk.delete(e.disk)
+                e.disk = None
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._plain or key in self._entries
+
+    def __iter__(self) -> Iterator[Key]:
+        yield from list(self._plain)
+        yield from list(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._plain) + len(self._entries)
+
+    # -- public helpers ----------------------------------------------------------------------------
+    def state(self, key: Key) -> State | None:
+        """Where a managed block is (``None`` for plain values)."""
+        e = self._entries.get(key)
+        return None if e is None else e.state
+
+    def hint(self, keys) -> None:
+        """The next pass reads these keys in this order (see :class:`ScanOrder`); prefetches the
+        first blocks of that pass at once."""
+        with self._lock:
+            order = getattr(self.policy, "order", None)
+            if order is not None and order.current_pass:
+                self.counters["passes"] += 1  # the hint ends the current pass
+            self.policy.hint([k for k in keys if k in self._entries])
+            self._schedule_prefetch()
+
+    def evict_bytes(self, nbytes: int) -> int:
+        """Evict blocks (furthest needed first) until ``nbytes`` are evicted; returns the bytes."""
+        with self._lock:
+            victims = self.policy.victims(dict(self._resident), max(0, nbytes))
+            got = 0
+            for k in victims:
+                got += self._resident[k]
+                self._evict(k)
+            return got
+
+    def capacity(self) -> int:
+        """Bytes the window may hold now (follows free device memory)."""
+        tier = self.tier
+        if tier is None:
+            return 0
+        with self._lock:
+            return self.size_policy.capacity(budget=tier.budget, used=tier.used, held=self._held(),
+                                             largest=self._largest)
+
+    def metrics(self) -> dict[str, Any]:
+        """Scalar metrics (for ``worker.metrics["gdask_window"]`` and the device table)."""
+        with self._lock:
+            c = dict(self.counters)
+            states = {s: 0 for s in State}
+            for e in self._entries.values():
+                states[e.state] += 1
+            reads = c["reads"]
+            c.update(
+                hit_rate=c["hits"] / reads if reads else 0.0,
+                stall_time=self.stall_time,
+                window_bytes=self._resident_bytes + self._inflight_bytes,
+                window_blocks=len(self._resident),
+                capacity_bytes=self.capacity() if self._tier is not None else 0,
+                host_bytes=self._host_bytes,
+                device_blocks=states[State.DEVICE], host_blocks=states[State.HOST],
+                disk_blocks=states[State.DISK], in_flight_blocks=states[State.IN_FLIGHT],
+                plain_keys=len(self._plain),
+                policy=type(self.policy).__name__,
+            )
+            return c
+
+    def stats(self) -> dict[str, Any]:
+        """:meth:`metrics` plus the window size over time: ``window`` = list of
+        ``(seconds since start, capacity bytes, window bytes, blocks on device)``."""
+        out = self.metrics()
+        with self._lock:
+            out["window"] = list(self.window)
+        return out
+
+    def reset_stats(self) -> None:
+        with self._lock:
+            self.counters = dict.fromkeys(_COUNTERS, 0)
+            self.stall_time = 0.0
+            self.window.clear()
+
+    def close(self) -> None:
+        """Stop the prefetch thread and remove the disk tier's files."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._disk is not None:
+            import shutil
+
+            shutil.rmtree(self._disk.directory, ignore_errors=True)
+
+    def __repr__(self) -> str:
+        m = self.metrics()
+        return (f"<WindowStore policy={m['policy']} blocks device/host/disk="
+                f"{m['device_blocks']}/{m['host_blocks']}/{m['disk_blocks']} plain={m['plain_keys']} "
+                f"window={format_bytes(m['window_bytes'])}>")
+
+    # -- internals (call with the lock held) -------------------------------------------------------
+    def _draining_bytes(self) -> int:
+        """Bytes of evicted blocks still referenced (by running tasks): freed when they finish."""
+        alive = []
+        total = 0
+        for ref, n in self._draining:
+            if ref() is not None:
+                alive.append((ref, n))
+                total += n
+        self._draining = alive
+        return total
+
+    def _held(self) -> int:
+        return self._resident_bytes + self._inflight_bytes + self._draining_bytes()
+
+    def _room(self) -> int:
+        """Device bytes the window may still fill without eating into the reserve. Evicted blocks
+        that running tasks still use count as free: they are, once those tasks finish (evicting
+        more blocks instead would cost hits); an allocation that finds them not yet freed is
+        retried later (prefetch) or waits (demand load)."""
+        t = self._tier
+        return t.budget - self.size_policy.reserve_bytes(t.budget, self._largest) - t.used + self._draining_bytes()
+
+    def _sample(self) -> None:
+        if self._tier is None:
+            return
+        cap = self.size_policy.capacity(budget=self._tier.budget, used=self._tier.used, held=self._held(),
+                                        largest=self._largest)
+        sample = (time.time() - self._t0, cap, self._resident_bytes + self._inflight_bytes,
+                  len(self._resident))
+        if not self.window:
+            self.window.append(sample)
+        elif self.window[-1][1:] != sample[1:]:
+            if len(self.window) > 1 and sample[0] - self.window[-2][0] < self._window_interval:
+                self.window[-1] = sample  # coalesce changes closer than the interval
+            else:
+                self.window.append(sample)
+
+    def _fit(self, protect) -> None:
+        """Evict until the reserve is free again (after something new landed on the device)."""
+        while self._room() < 0:
+            cand = {k: n for k, n in self._resident.items() if k not in protect}
+            victims = self.policy.victims(cand, -self._room())
+            if not victims:
+                return
+            for k in victims:
+                self._evict(k)
+
+    def _make_room(self, need: int, *, before: float | None, protect) -> bool:
+        while self._room() < need:
+            cand = {k: n for k, n in self._resident.items() if k not in protect}
+            victims = self.policy.victims(cand, need - self._room(), before=before)
+            if not victims:
+                return False
+            for k in victims:
+                self._evict(k)
+        return True
+
+    def _evict(self, key: Key) -> None:
+        e = self._entries[key]
+        dev = e.device
+        if e.host is None and e.disk is None:
+            e.host = self._tier.to_host(dev)
+            self._host_bytes += e.nbytes
+            self.counters["bytes_d2h"] += e.nbytes
+        e.device = None
+        e.prefetched = False
+        del self._resident[key]
+        self._resident_bytes -= e.nbytes
+        try:
+            self._draining.append((weakref.ref(dev), e.nbytes))
+        except TypeError:
+            pass
+        del dev
+        self.counters["evictions"] += 1
+        if self._on_evict is not None:
+            self._on_evict(key, e.nbytes)
+        self._spill_host()
+
+    def _spill_host(self) -> None:
+        """Move host blocks (not on the device, furthest needed first) to disk over the limit."""
+        if self.host_memory_limit is None or self._host_bytes <= self.host_memory_limit or not self._disk_dir:
+            return
+        if self._disk is None:
+            self._disk = DiskTier(self._disk_dir)
+        cand = {k: e.nbytes for k, e in self._entries.items()
+                if e.host is not None and e.device is None and e.inflight is None}
+        for k in self.policy.victims(cand, self._host_bytes - self.host_memory_limit):
+            e = self._entries[k]
+            e.disk = self._disk.write(e.host)
+            e.host = None
+            self._host_bytes -= e.nbytes
+            self.counters["bytes_to_disk"] += e.nbytes
+
+    def _host_value(self, e: _Entry) -> Any:
+        if e.host is not None:
+            return e.host
+        value = self._disk.read(e.disk)
+        self.counters["bytes_from_disk"] += e.nbytes
+        return value
+
+    def _demand_load(self, key: Key, e: _Entry) -> Any:
+        """Copy ``key`` to the device for a reader (lock held, released during the copy). When the
+        device stays full of blocks that running tasks (or a transfer to another worker) hold,
+        the reader gets the host copy instead of an out-of-memory error (counted in
+        ``host_reads``)."""
+        if not self._begin_load(key, e, prefetch=False):
+            self.counters["host_reads"] += 1
+            return self._host_value(e)
+        self._lock.release()
+        try:
+            self._finish_load(key, e)
+        finally:
+            self._lock.acquire()
+        if e.device is None:  # deleted while it was copied
+            raise KeyError(key)
+        return e.device
+
+    def _begin_load(self, key: Key, e: _Entry, *, prefetch: bool) -> bool:
+        """Make room and allocate the device buffer of ``key``; the copy is done by
+        :meth:`_finish_load` without the lock. Prefetches give up (False) rather than evict a block
+        needed sooner; demand loads evict whatever is needed, wait for memory held by running
+        tasks, and raise :class:`WindowCacheMemoryError` when the block can never fit."""
+        n = e.nbytes
+        budget = self._tier.budget
+        reserve = self.size_policy.reserve_bytes(budget, 0)
+        if n > budget - reserve:
+            raise WindowCacheMemoryError(
+                f"block {key!r} of {format_bytes(n)} can never fit on the device: the window's budget is "
+                f"{format_bytes(budget)} of device memory minus a reserve of {format_bytes(reserve)}. Use "
+                "smaller blocks (block_rows=...), more devices, or a smaller gdask.window-cache.reserve."
+            )
+        before = self.policy.order.next_use(key) if prefetch and hasattr(self.policy, "order") else None
+        if not self._make_room(n, before=before, protect={key}) and prefetch:
+            return False
+        host = self._host_value(e)
+        deadline = time.monotonic() + _WAIT_FOR_MEMORY
+        while True:
+            try:
+                dev = self._tier.alloc(host)
+                break
+            except DeviceMemoryError:
+                if prefetch:
+                    return False
+                if self._resident and not self._draining_bytes():
+                    self.evict_bytes(n)
+                    continue
+                if self._resident and time.monotonic() > deadline - _WAIT_FOR_MEMORY + 0.02:
+                    self.evict_bytes(n)  # running tasks keep their blocks a while: evict more
+                    continue
+                if time.monotonic() > deadline:
+                    return False  # the device stays full of blocks in use: the reader gets the host copy
+                self._lock.release()
+                try:
+                    time.sleep(0.005)
+                finally:
+                    self._lock.acquire()
+        e.pending = (dev, host)
+        e.inflight = threading.Event()
+        self._inflight_bytes += n
+        return True
+
+    def _finish_load(self, key: Key, e: _Entry) -> None:
+        dev, host = e.pending
+        try:
+            self._tier.copy_to_device(dev, host)
+        except BaseException:
+            with self._lock:
+                e.pending = None
+                self._inflight_bytes -= e.nbytes
+                ev, e.inflight = e.inflight, None
+                ev.set()
+            raise
+        with self._lock:
+            e.pending = None
+            self._inflight_bytes -= e.nbytes
+            self.counters["bytes_h2d"] += e.nbytes
+            ev, e.inflight = e.inflight, None
+            if not e.deleted:
+                e.device = dev
+                self._resident[key] = e.nbytes
+                self._resident_bytes += e.nbytes
+                if not self.host_copy:  # exclusive tiers: the device copy is the only one
+                    if e.host is not None:
+                        self._host_bytes -= e.nbytes
+                    e.host = None
+                    if e.disk is not None:
+                        self._disk.delete(e.disk)
+                        e.disk = None
+            ev.set()
+
+    def _schedule_prefetch(self) -> None:
+        if not self.policy.prefetches or self._tier is None or self._closed:
+            return
+        if len(self._resident) == len(self._entries):  # everything is on the device
+            return
+        targets = self.policy.prefetch(
+            lambda k: k in self._entries and (self._entries[k].device is not None
+                                              or self._entries[k].inflight is not None))
+        started = False
+        for key, _ in targets:
+            e = self._entries.get(key)
+            if e is None:
+                continue
+            if not self._begin_load(key, e, prefetch=True):
+                self.counters["prefetch_dropped"] += 1
+                break  # later targets are needed even later: no room for them either
+            e.prefetched = True
+            self.counters["prefetches"] += 1
+            self._queue.append((key, e))
+            started = True
+        if started:
+            if self._thread is None:
+                self._thread = threading.Thread(target=_prefetch_loop, args=(weakref.ref(self),),
+                                                name="gdask-window-prefetch", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        self._sample()
+
+def _prefetch_loop(ref: weakref.ref) -> None:
+    """The prefetch thread: copies queued blocks to the device, one at a time (one copy engine).
+    Holds the store weakly, so it ends when the store is closed or garbage collected."""
+    while True:
+        store = ref()
+        if store is None:
+            return
+        with store._cond:
+            if not store._queue and not store._closed:
+                store._cond.wait(timeout=1.0)
+            if store._closed:
+                return
+            item = store._queue.popleft() if store._queue else None
+        if item is not None:
+            key, e = item
+            try:
+                store._finish_load(key, e)
+            except Exception:  # noqa: BLE001 - a failed prefetch leaves the block on the host;
+                # the reader loads it on demand and sees any real error there
+                with store._lock:
+                    store.counters["prefetch_dropped"] += 1
+        del store
+
+
+class _Empty:
+    @staticmethod
+    def metrics() -> dict[str, Any]:
+        return {}

@@ -1,0 +1,195 @@
+"""Device adapters of the window cache: what is a device array, how much memory is free, and the
+copies between the device tier and the host tier (and the optional disk tier).
+
+Emulated devices: the device tier is NumPy arrays charged to the device's ``EmulatedPool``; the
+host tier is plain NumPy not charged to it; copies go through ``device.asarray`` /
+``device.to_host`` (which sleep ``nbytes / bandwidth`` and count bytes when a bandwidth is set).
+
+CUDA: CuPy arrays in the worker's (RMM) pool; the host tier is pinned memory; copies run on the
+stream of the thread that does them (the prefetch thread has its own: a copy stream). CuPy is
+imported only when a CUDA device is bound. This path cannot be tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+import uuid
+from typing import Any
+
+import numpy as np
+
+__all__ = ["DiskTier", "device_tier"]
+
+
+def _root(arr: np.ndarray) -> np.ndarray:
+    while isinstance(arr.base, np.ndarray):
+        arr = arr.base
+    return arr
+
+
+def _order(x: Any) -> str:
+    return "F" if getattr(x, "ndim", 0) >= 2 and x.flags.f_contiguous and not x.flags.c_contiguous else "C"
+
+
+class EmulatedTier:
+    """The device tier of an ``EmulatedDevice``."""
+
+    backend = "emulated"
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self.pool = device.pool
+
+    @property
+    def budget(self) -> int:
+        return int(self.pool.budget)
+
+    @property
+    def used(self) -> int:
+        return int(self.pool.used)
+
+    def owns(self, x: Any) -> bool:
+        """Whether ``x`` is a device array (charged to this device's pool)."""
+        if not isinstance(x, np.ndarray):
+            return False
+        owns = getattr(self.pool, "owns", None)
+        if owns is not None:
+            return bool(owns(x))
+        return id(_root(x)) in self.pool._owned
+
+    def alloc(self, host: np.ndarray) -> np.ndarray:
+        """A device buffer for ``host`` (same shape, dtype, layout), charged to the pool now;
+        raises ``DeviceMemoryError`` when the pool has no room."""
+        return self.pool.empty(host.shape, host.dtype, order=_order(host))
+
+    def copy_to_device(self, dev: np.ndarray, host: np.ndarray) -> None:
+        """Fill ``dev`` from ``host``: the host->device copy (sleeps nbytes / bandwidth)."""
+        dev[...] = host
+        transfer = getattr(self.device, "_transfer", None)
+        if transfer is not None:
+            transfer(dev.nbytes, "h2d")
+        else:  # pragma: no cover - an emulated device without the transfer model
+            self.device.bytes_h2d += dev.nbytes
+
+    def to_host(self, dev: np.ndarray) -> np.ndarray:
+        """A host copy of ``dev`` not charged to the pool (sleeps nbytes / bandwidth)."""
+        out = self.device.to_host(dev)
+        if isinstance(out, np.ndarray) and _root(out) is _root(dev):
+            out = np.copy(out, order="K")  # the emulated "copy" returns the same memory
+        return out
+
+
+class CudaTier:
+    """The device tier of a ``CudaDevice``: CuPy arrays, pinned host buffers (untested here)."""
+
+    backend = "cuda"
+
+    def __init__(self, device: Any) -> None:
+        import cupy
+
+        self.device = device
+        self._cp = cupy
+        self._lock = threading.Lock()
+
+    @property
+    def budget(self) -> int:
+        return int(self.device.spec.memory)
+
+    @property
+    def used(self) -> int:
+        """Device memory in use: RMM statistics when enabled, else CuPy's pool, else the driver."""
+        try:
+            import rmm
+
+            stats = rmm.statistics.get_statistics()
+            if stats is not None:
+                return int(stats.current_bytes)
+        except Exception:  # noqa: BLE001 - rmm absent or statistics not enabled
+            pass
+        alloc = getattr(self.device, "allocator", "")
+        if "rmm" not in str(alloc):
+            return int(self._cp.get_default_memory_pool().used_bytes())
+        with self.device.device:
+            free, total = self._cp.cuda.runtime.memGetInfo()
+        return int(min(self.budget, max(0, total - free)))
+
+    def owns(self, x: Any) -> bool:
+        return isinstance(x, self._cp.ndarray)
+
+    def alloc(self, host: Any) -> Any:
+        from gdask._devices._cuda import _oom_types
+        from gdask._errors import DeviceMemoryError
+
+        try:
+            with self.device.device:
+                return self._cp.empty(host.shape, dtype=host.dtype, order=_order(host))
+        except DeviceMemoryError:
+            raise
+        except _oom_types() as e:
+            raise DeviceMemoryError(f"CUDA device {self.device.spec.index} out of memory: {e}") from e
+
+    def copy_to_device(self, dev: Any, host: Any) -> None:
+        """Host (pinned) -> device copy on this thread's stream: the prefetch thread has its own
+        stream, so copies overlap the compute streams."""
+        stream = self.device.stream()
+        with self.device.device:
+            dev.set(host, stream=stream)
+            stream.synchronize()
+        with self.device._stats_lock:
+            self.device.bytes_h2d += dev.nbytes
+
+    def to_host(self, dev: Any) -> Any:
+        """Copy into pinned host memory on this thread's stream (pageable if pinning fails)."""
+        import cupyx
+
+        try:
+            out = cupyx.empty_pinned(dev.shape, dtype=dev.dtype, order=_order(dev))
+        except Exception:  # noqa: BLE001 - pinned memory exhausted: pageable copy
+            return self.device.to_host(dev)
+        stream = self.device.stream()
+        with self.device.device:
+            dev.get(out=out, stream=stream)
+            stream.synchronize()
+        with self.device._stats_lock:
+            self.device.bytes_d2h += dev.nbytes
+        return out
+
+
+def device_tier(device: Any):
+    """The tier adapter for a gdask device (``None`` for ``None``)."""
+    if device is None:
+        return None
+    if getattr(device, "backend", None) == "cuda":
+        return CudaTier(device)
+    return EmulatedTier(device)
+
+
+class DiskTier:
+    """Host blocks written to files in ``directory`` (pickle protocol 5, one file per block)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = os.path.join(directory, f"gdask-window-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        os.makedirs(self.directory, exist_ok=True)
+        self.bytes_written = 0
+        self.bytes_read = 0
+
+    def write(self, value: Any) -> str:
+        path = os.path.join(self.directory, uuid.uuid4().hex)
+        with open(path, "wb") as f:
+            pickle.dump(value, f, protocol=5)
+        self.bytes_written += int(getattr(value, "nbytes", 0))
+        return path
+
+    def read(self, path: str) -> Any:
+        with open(path, "rb") as f:
+            value = pickle.load(f)
+        self.bytes_read += int(getattr(value, "nbytes", 0))
+        return value
+
+    def delete(self, path: str) -> None:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
