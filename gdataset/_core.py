@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import dask
 import dask.array as da
@@ -13,7 +13,7 @@ import numpy as np
 from dask.base import DaskMethodsMixin, tokenize
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
-from dask.task_spec import DataNode, Task, TaskRef
+from dask.task_spec import Alias, DataNode, Task, TaskRef
 from dask.utils import format_bytes
 
 from gdask.gdataset import _blocks
@@ -116,6 +116,15 @@ class _Operands:
         return [v if kind != "value" else tokenize(v) for kind, v in self.args]
 
 
+def _as_task(node: Any) -> Any:
+    """A legacy tuple task as a ``Task`` (GDataSet layers already hold ``Task`` objects)."""
+    if isinstance(node, (Task, DataNode)):
+        return node
+    from dask._task_spec import convert_legacy_task
+
+    return convert_legacy_task(None, node, ())
+
+
 def _short(t: tuple[int, ...]) -> str:
     return str(t) if len(t) <= 6 else f"({', '.join(map(str, t[:3]))}, ..., {t[-1]}) ({len(t)} blocks)"
 
@@ -171,7 +180,76 @@ class GDataSet(DaskMethodsMixin):
 
     def _rebuild(self, dsk, *, rename: dict | None = None) -> GDataSet:
         name = rename.get(self.name, self.name) if rename else self.name
-        return GDataSet(dsk, name, self.row_blocks, self.ncols, self.dtype, self.backend, self.columns)
+        out = GDataSet(dsk, name, self.row_blocks, self.ncols, self.dtype, self.backend, self.columns)
+        out._versions = self._versions
+        return out
+
+    # -- block versions (incremental updates) ------------------------------------------------------
+    _versions: tuple[int, ...] | None = None
+
+    @property
+    def block_versions(self) -> tuple[int, ...]:
+        """Version of every block: 0 at creation, +1 each time :meth:`update_blocks` replaces it."""
+        return self._versions if self._versions is not None else (0,) * self.nblocks
+
+    def update_blocks(self, blocks: Mapping[int, Any]) -> GDataSet:
+        """A new version of this dataset with some blocks replaced; the others are unchanged.
+
+        Unchanged blocks keep their task (same work under the new name), so under
+        :func:`gdask.incremental` everything computed from them is reused and only what depends on
+        the replaced blocks runs again. Without a tracker this is an ordinary new dataset.
+
+        Parameters
+        ----------
+        blocks : dict
+            ``{block index: new block}``; each new block is a host or device array with the same
+            number of rows and columns as the block it replaces.
+
+        Returns
+        -------
+        GDataSet
+            Same blocking; :attr:`block_versions` bumped for the replaced blocks.
+
+        Examples
+        --------
+        >>> X = gdask.from_array(np.zeros((8, 2)), block_rows=4)
+        >>> X2 = X.update_blocks({1: np.ones((4, 2))})
+        >>> X2.block_versions
+        (0, 1)
+        """
+        versions = list(self.block_versions)
+        new = {}
+        for i, b in dict(blocks).items():
+            if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not -self.nblocks <= i < self.nblocks:
+                raise IndexError(f"block index {i!r} out of range for a GDataSet with {self.nblocks} blocks")
+            i = int(i) % self.nblocks
+            want = (self.row_blocks[i],) if self.ncols is None else (self.row_blocks[i], self.ncols)
+            if tuple(getattr(b, "shape", ())) != want:
+                raise ValueError(f"new block {i} must have shape {want} like the block it replaces, got "
+                                 f"{getattr(b, 'shape', None)}")
+            if b.dtype != self.dtype:
+                b = b.astype(self.dtype)
+            new[i] = b
+            versions[i] += 1
+        if not new:
+            return self
+        name = f"{self.name.rsplit('-', 1)[0]}-{tokenize(self.name, {i: tokenize(b) for i, b in new.items()})}"
+        old = self.dask.layers[self.name] if self.name in self.dask.layers else self.dask
+        layer = {}
+        for i in range(self.nblocks):
+            key = (name, i)
+            if i in new:
+                layer[key] = Task(key, _blocks.to_device, new[i])
+            else:  # same task under the new key: same fingerprint, so reusable
+                node = old[(self.name, i)]
+                if isinstance(node, TaskRef):  # a persisted block (a Future): point at it
+                    layer[key] = Alias(key, node.key)
+                else:
+                    layer[key] = _as_task(node).substitute({}, key=key)
+        graph = HighLevelGraph.from_collections(name, layer, dependencies=[self])
+        out = GDataSet(graph, name, self.row_blocks, self.ncols, self.dtype, self.backend, self.columns)
+        out._versions = tuple(versions)
+        return out
 
     # -- shape -----------------------------------------------------------------------------------
     @property
