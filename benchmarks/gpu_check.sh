@@ -11,3 +11,6 @@ python3 -c "import gdask._info as i; print(i.format_info(i.info()))" 2>&1 | tee 
 timeout 240 python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$out/gpu-tests.txt"
 timeout 200 python3 benchmarks/kmeans.py --backend cuda --rows 20000000 --skip dask-ml dask-array \
   --json "$out/kmeans-cuda.json" 2>&1 | tee "$out/kmeans-cuda.txt"
+timeout 120 python3 benchmarks/logistic.py --backend cuda --skip dask-ml --json "$out/logistic-cuda.json" 2>&1 \
+  | tee "$out/logistic-cuda.txt"
+timeout 120 python3 benchmarks/streams.py --backend cuda --json "$out/streams-cuda.json" 2>&1 | tee "$out/streams-cuda.txt"

@@ -22,8 +22,11 @@ __all__ = [
     "from_array",
     "from_dask_array",
     "from_dataframe",
+    "incremental",
     "info",
+    "iterate",
     "ml",
+    "window_cache",
     "__version__",
 ]
 
@@ -34,7 +37,10 @@ _lazy = {
     "from_dataframe": ("gdask.gdataset", "from_dataframe"),
     "LocalGPUCluster": ("gdask._cluster", "LocalGPUCluster"),
     "info": ("gdask._info", "info"),
+    "incremental": ("gdask.gdataset", "incremental"),
+    "iterate": ("gdask.gdataset", "iterate"),
     "ml": ("gdask.ml", None),
+    "window_cache": ("gdask.window_cache", None),
 }
 
 

@@ -36,9 +36,21 @@ class LocalGPUCluster(LocalCluster):
     bandwidth : int or str, optional
         Emulated host<->device bandwidth in bytes/s ("2GB").
     streams : int, optional
-        Streams (threads) per device worker; default config ``gdask.device.streams``.
+        Streams (threads on emulated devices) each device worker starts with (its fixed count unless
+        adaptive); default config ``gdask.device.streams``.
+    max_streams : int, optional
+        Upper bound of the stream count when it is tuned; default config ``gdask.device.max-streams`` (4).
+    adaptive_streams : bool or "auto", optional
+        Tune each worker's stream count from measured throughput; default config
+        ``gdask.device.adaptive-streams`` ("auto": CUDA devices only).
     rmm_pool_size : int, float or str, optional
         RMM pool per CUDA worker; default config ``gdask.cuda.rmm-pool-size`` (0.8 of the device).
+    placement : bool, optional
+        Install gdask's GPU placement scheduler plugin (:class:`gdask.scheduling.GPUPlacement`);
+        default config ``gdask.scheduling.placement`` (True). False leaves placement to stock Dask.
+    data : optional
+        The workers' data store; default a :class:`gdask.window_cache.WindowStore` (config
+        ``gdask.window-cache.enabled``), which keeps blocks beyond device memory on the host.
     **kwargs
         Passed to :class:`distributed.LocalCluster` (``dashboard_address``, ``memory_limit``, ...).
 
@@ -59,6 +71,9 @@ class LocalGPUCluster(LocalCluster):
         bandwidth: int | str | None = None,
         streams: int | None = None,
         rmm_pool_size: Any = None,
+        placement: bool | None = None,
+        max_streams: int | None = None,
+        adaptive_streams: bool | str | None = None,
         **kwargs: Any,
     ) -> None:
         for bad in ("n_workers", "threads_per_worker", "processes", "worker_class"):
@@ -74,9 +89,24 @@ class LocalGPUCluster(LocalCluster):
         self.backend = self.device_specs[0].backend
         self._spec_by_name = {i: s for i, s in enumerate(self.device_specs)}
         pool = rmm_pool_size if rmm_pool_size is not None else _config.get("cuda.rmm-pool-size")
-        self._device_plugin = DeviceSetup(self._spec_by_name, rmm_pool_size=pool)
-        streams = self.device_specs[0].streams
+        self._device_plugin = DeviceSetup(self._spec_by_name, rmm_pool_size=pool, max_streams=max_streams,
+                                          adaptive_streams=adaptive_streams)
+        streams = self._device_plugin.worker_threads()  # distributed runs at most nthreads tasks at once
+        if "data" not in kwargs and _config.get("window-cache.enabled", True):
+            from gdask.window_cache import WindowStore
+
+            kwargs["data"] = WindowStore  # blocks beyond device memory: sliding window over host memory
         kwargs.setdefault("silence_logs", logging.ERROR)
+        from gdask.scheduling._plugin import DeviceReporter, GPUPlacement
+
+        self._reporter_plugin = DeviceReporter()
+        if placement is None:
+            placement = bool(_config.get("scheduling.placement", True))
+        self.placement: GPUPlacement | None = GPUPlacement() if placement else None
+        if self.placement is not None:
+            skw = dict(kwargs.pop("scheduler_kwargs", None) or {})
+            skw["plugins"] = [*(skw.get("plugins") or ()), self.placement]
+            kwargs["scheduler_kwargs"] = skw
         super().__init__(n_workers=0, threads_per_worker=streams, processes=True, **kwargs)
         self.scale(len(self.device_specs))
         self.sync(self._correct_state)
@@ -96,6 +126,7 @@ class LocalGPUCluster(LocalCluster):
         spec["options"]["env"] = env
         plugins = set(spec["options"].get("plugins") or ())
         plugins.add(self._device_plugin)
+        plugins.add(self._reporter_plugin)
         spec["options"]["plugins"] = plugins
         spec["options"]["resources"] = {"GPU": 1}
         return {name: spec}

@@ -1,7 +1,31 @@
-"""Drop-in estimators that run over GDataSet blocks (scikit-learn API)."""
+"""Drop-in estimators that run over GDataSet blocks (scikit-learn API).
+
+Imported lazily: a worker that loads a kernel module of ``gdask.ml`` does not import scikit-learn
+and every estimator with it.
+"""
 
 from __future__ import annotations
 
-from gdask.ml._kmeans import KMeans
+import importlib
+from typing import Any
 
-__all__ = ["KMeans"]
+__all__ = ["KMeans", "LogisticRegression", "pagerank", "powerlaw_graph"]
+
+_WHERE = {
+    "KMeans": "gdask.ml._kmeans",
+    "LogisticRegression": "gdask.ml._logistic",
+    "pagerank": "gdask.ml._pagerank",
+    "powerlaw_graph": "gdask.ml._graphs",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'gdask.ml' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -311,16 +311,26 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
             if kind != "numpy" and isinstance(self.init, str):  # the init reads the data: check first
                 _check_finite(G)
         centers = self._init_centers(G, rng, w, W)
-        # one task per worker thread over the blocks it holds, combined here: one round trip per iteration
-        groups = G.block_groups()
-        bounds = self.algorithm == "elkan" or (self.algorithm == "auto" and d >= 8)
+        # one task per worker thread over the blocks it holds, combined here: one round trip per iteration;
+        # data larger than the devices streams through the window cache one block per task instead (a
+        # task over a group of blocks would need them all on the device at once)
+        streaming = _exceeds_devices(G)
+        groups = [[b] for b in range(G.nblocks)] if streaming else G.block_groups()
+        bounds = not streaming and (self.algorithm == "elkan" or (self.algorithm == "auto" and d >= 8))
         # bounds live with the blocks on the workers, under a key of this fit (freed by the final pass)
         chunk, targs = (_bounds.bounds_partial, (uuid.uuid4().hex,)) if bounds else (_kernels.lloyd_partial, ())
         times = []
         for it in range(self.max_iter):
             t0 = time.perf_counter()
-            parts = dask.compute(*G.reduce_groups(chunk, _kernels.lloyd_combine, centers, *targs, *wargs,
-                                                  groups=groups, name="lloyd"))
+            if streaming:  # forward and backward in turn: what a pass leaves on the device comes first next
+                from gdask import window_cache
+
+                with window_cache.scan(G.__dask_keys__(), it):
+                    part = G.reduce_blocks(chunk, _kernels.lloyd_combine, centers, *wargs, name="lloyd")
+                parts = (part.compute(),)
+            else:
+                parts = dask.compute(*G.reduce_groups(chunk, _kernels.lloyd_combine, centers, *targs, *wargs,
+                                                      groups=groups, name="lloyd"))
             stats = _kernels.lloyd_combine(list(parts))
             sums, counts, inertia = stats["sums"], stats["counts"], stats["inertia"]
             if not np.isfinite(sums).all():  # every row is in some sum: NaN/inf in X show up here
@@ -423,6 +433,18 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         G, _ = self._prepare(X, reset=False)
         _, mind = self._assign(G, to_numpy(self.cluster_centers_).astype(G.dtype))
         return -_weighted_sum(mind, self._weights(sample_weight, G))
+
+
+def _exceeds_devices(G: GDataSet, fraction: float = 0.8) -> bool:
+    """Whether ``G`` takes more than ``fraction`` of the memory of the client's gdask devices."""
+    try:
+        from distributed import default_client
+
+        workers = default_client().scheduler_info(n_workers=-1)["workers"].values()
+    except (ImportError, ValueError):  # no client: local threads, host memory
+        return False
+    total = sum(int((w.get("metrics", {}).get("gdask_device") or {}).get("memory") or 0) for w in workers)
+    return total > 0 and G.nbytes > fraction * total
 
 
 def _farthest_rows(blk, centers, m, w=None):
