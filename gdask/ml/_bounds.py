@@ -51,6 +51,7 @@ class BlockBounds:
     lower: Any  # (n,) float64
     sums: Any  # (k, d) float64
     counts: Any  # (k,) float64
+    far: Any = None  # after a full pass: (squared distances, rows, labels) of the farthest rows
 
 
 def _get(token: str, blk: Any) -> BlockBounds | None:
@@ -106,28 +107,30 @@ async def _drop_async(token: str) -> int:
     return drop(token)
 
 
-def _center_geometry(centers: np.ndarray, old: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, float, float]:
-    """Drift per center, half the distance to the nearest other center, and the largest two drifts."""
+def _center_geometry(centers: np.ndarray, old: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, float, float,
+                                                                      np.ndarray]:
+    """Drift per center, half the distance to the nearest other center, the largest drift (its
+    center and value), the second largest, and the center-to-center distances."""
     drift = np.sqrt(((centers - old) ** 2).sum(1))
     k = centers.shape[0]
+    cc = np.sqrt(np.maximum(((centers[:, None, :] - centers[None, :, :]) ** 2).sum(-1), 0.0))
     if k > 1:
-        cc = np.sqrt(np.maximum(((centers[:, None, :] - centers[None, :, :]) ** 2).sum(-1), 0.0))
-        np.fill_diagonal(cc, np.inf)
-        half = 0.5 * cc.min(1)
+        off = cc + np.diag(np.full(k, np.inf))
+        half = 0.5 * off.min(1)
         m1 = int(np.argmax(drift))
         d1 = float(drift[m1])
         d2 = float(np.max(np.delete(drift, m1)))
     else:
         half = np.full(1, np.inf)
         m1, d1, d2 = 0, float(drift[0]), 0.0
-    return drift, half, m1, d1, d2
+    return drift, half, m1, d1, d2, cc
 
 
 _STEP_TILE = 256
 
 
 @njit(nogil=True, fastmath={"reassoc", "contract"}, cache=True)
-def _hamerly_numba(xt, w, cf, labels, upper, lower, sums, counts, drift, half, m1, d1, d2):  # pragma: no cover - compiled
+def _hamerly_numba(xt, w, cf, labels, upper, lower, sums, counts, drift, half, m1, d1, d2, cc):  # pragma: no cover - compiled
     d, n = xt.shape
     k = cf.shape[0]
     weighted = w.shape[0] > 0
@@ -172,16 +175,20 @@ def _hamerly_numba(xt, w, cf, labels, upper, lower, sums, counts, drift, half, m
             upper[i] = u
             if u <= zt[t]:
                 continue
-            best = acc  # look at every center (squared distances; the root of the best two only)
+            best = acc  # look at the other centers (squared distances; the root of the best two only)
             bi = a
             second = np.inf
+            skipped = np.inf
             for c in range(k):
                 if c == a:
                     continue
-                cc = cf[c]
+                if cc[a, c] >= 2.0 * u:  # d(x, c) >= cc - u >= u: c cannot win (Elkan's pruning)
+                    skipped = min(skipped, cc[a, c] - u)  # ... and bounds d(x, c) from below
+                    continue
+                crow = cf[c]
                 acc = 0.0
                 for j in range(d):
-                    v = xr[j] - cc[j]
+                    v = xr[j] - crow[j]
                     acc += v * v
                 if acc < best or (acc == best and c < bi):
                     second = best
@@ -190,7 +197,7 @@ def _hamerly_numba(xt, w, cf, labels, upper, lower, sums, counts, drift, half, m
                 elif acc < second:
                     second = acc
             best = np.sqrt(best)
-            second = np.sqrt(second)
+            second = min(np.sqrt(second), skipped)
             upper[i] = best
             lower[i] = second
             if bi != a:
@@ -243,10 +250,14 @@ def _first_pass(blk: Any, cf: np.ndarray, w: Any) -> BlockBounds:
         ul = np.empty((2, n), np.float64)
         sums = np.zeros((k, d), np.float64)
         counts = np.zeros(k, np.float64)
+        q = min(_kernels.N_FARTHEST, n)  # the farthest rows, for empty clusters (as lloyd_partial)
+        topv, topi, topl = np.full(q, -1.0), np.zeros(q, np.int64), np.zeros(q, np.int64)
         _kernels._lloyd_numba(blk.T, _kernels._NO_WEIGHTS if ww is None else np.ascontiguousarray(ww),
                               np.ascontiguousarray(cf, dtype=blk.dtype), sums, counts, labels, labels, False,
-                              np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64), ul)
+                              topv, topi, topl, ul)
         upper, lower = ul[0], ul[1]
+        keep = topv >= 0
+        far = (topv[keep], topi[keep], topl[keep])
     else:
         c = xp.asarray(cf)
         x = blk.astype(xp.float64)
@@ -261,8 +272,10 @@ def _first_pass(blk: Any, cf: np.ndarray, w: Any) -> BlockBounds:
         sums = xp.zeros((k, d), xp.float64)
         _scatter_add(xp, sums, labels, x if ww is None else x * ww[:, None])
         counts = xp.bincount(labels, weights=ww, minlength=k).astype(xp.float64)
+        top = xp.argsort(-upper)[:min(_kernels.N_FARTHEST, n)]
+        far = (_to_np(upper[top] ** 2), _to_np(top), _to_np(labels[top]))
     return BlockBounds(weakref.ref(blk), xp.asarray(cf), xp.asarray(labels, dtype=xp.int64), upper, lower, sums,
-                       counts)
+                       counts, far)
 
 
 def _scatter_add(xp: Any, sums: Any, labels: Any, rows: Any) -> None:
@@ -273,8 +286,8 @@ def _step_xp(blk: Any, cf: np.ndarray, st: BlockBounds, w: Any) -> int:
     """The bounds step written with array operations (CuPy blocks; the reference for the numba one)."""
     xp = array_module(blk)
     c = xp.asarray(cf)
-    drift, half, m1, d1, d2 = (xp.asarray(v) if isinstance(v, np.ndarray) else v
-                               for v in _center_geometry(cf, _to_np(st.centers)))
+    drift, half, m1, d1, d2, _ = (xp.asarray(v) if isinstance(v, np.ndarray) else v
+                                  for v in _center_geometry(cf, _to_np(st.centers)))
     a = st.labels
     u = st.upper + drift[a]
     lo = st.lower - xp.where(a == m1, d2, d1)
@@ -339,7 +352,7 @@ def _update_state(blk: Any, centers: Any, token: str, w: Any) -> tuple[BlockBoun
     st = _get(token, blk)
     full = st is None or st.labels.shape[0] != blk.shape[0] or st.centers.shape != cf.shape
     if not full and array_module(blk) is np:
-        drift, half, m1, d1, d2 = _center_geometry(cf, st.centers)
+        drift, half, m1, d1, d2, cc = _center_geometry(cf, st.centers)
         full = _candidates(st.labels, st.upper, st.lower, drift, half, m1, d1, d2) > FULL_PASS_FRACTION * blk.shape[0]
     if full:
         old = None if st is None else st.labels
@@ -350,9 +363,10 @@ def _update_state(blk: Any, centers: Any, token: str, w: Any) -> tuple[BlockBoun
         if array_module(blk) is np:
             wv = _kernels._NO_WEIGHTS if w is None else np.ascontiguousarray(w, dtype=np.float64)
             changed, _ = _hamerly_numba(blk.T, wv, cf, st.labels, st.upper, st.lower, st.sums, st.counts,
-                                     drift, half, m1, d1, d2)
+                                        drift, half, m1, d1, d2, cc)
         else:
             changed = _step_xp(blk, cf, st, w)
+        st.far = None  # a step computes no exact distances for most rows
         st.centers = cf if array_module(blk) is np else array_module(blk).asarray(cf)
     _put(token, blk, st)
     return st, changed
@@ -360,15 +374,18 @@ def _update_state(blk: Any, centers: Any, token: str, w: Any) -> tuple[BlockBoun
 
 def bounds_partial(blk: Any, centers: Any, token: str, w: Any = None) -> dict[str, Any]:
     """Lloyd statistics of one block for ``centers`` (as :func:`gdask.ml._kernels.lloyd_partial`),
-    from the block's bounds when it has them. ``inertia`` is not computed (NaN) and no farthest
-    rows are reported: an empty cluster takes a separate pass."""
+    from the block's bounds when it has them. ``inertia`` is not computed (NaN). The farthest rows
+    come with a full pass only; after a bounds step an empty cluster takes a separate pass."""
     st, changed = _update(blk, centers, token, w)
     if st is None:
         return _kernels.lloyd_partial(blk, centers, w)
-    d = blk.shape[1]
+    if st.far is None:
+        dist, idx, lab = np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64)
+    else:
+        dist, idx, lab = st.far
     return {"sums": _to_np(st.sums).copy(), "counts": _to_np(st.counts).copy(), "inertia": float("nan"),
-            "changed": changed, "far_d": np.empty(0), "far_label": np.empty(0, np.int64),
-            "far_rows": np.empty((0, d), blk.dtype), "far_w": np.empty(0)}
+            "changed": changed, "far_d": dist, "far_label": lab, "far_rows": _to_np(blk[idx]),
+            "far_w": np.ones(idx.size) if w is None else _to_np(w)[idx].astype(np.float64)}
 
 
 def bounds_assign(blk: Any, centers: Any, token: str, w: Any = None) -> tuple[Any, Any]:

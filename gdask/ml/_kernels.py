@@ -96,10 +96,9 @@ def _lloyd_numba(xt, w, centers, sums, counts, labels, rowd, want_rows, topv, to
                 for i in range(m):
                     v = dr[i]
                     mi = mind[i]
-                    better = v < mi
-                    mind2[i] = mi if better else min(mind2[i], v)
-                    mind[i] = v if better else mi
-                    lab[i] = c if better else lab[i]
+                    mind2[i] = min(mind2[i], max(v, mi))  # the new second smallest, without branches
+                    mind[i] = min(v, mi)
+                    lab[i] = c if v < mi else lab[i]
         else:
             for c in range(1, k):
                 dr = dist[c]
@@ -116,6 +115,12 @@ def _lloyd_numba(xt, w, centers, sums, counts, labels, rowd, want_rows, topv, to
                 xr = xt[j, i0:i0 + m]
                 for i in range(m):
                     xn[i] += xr[i] * xr[i]
+        if want_sec:  # bounds, vectorised over the tile's rows
+            for i in range(m):
+                e = marg * (np.sqrt(xn[i]) + cmax) ** 2
+                sec[0, i0 + i] = np.sqrt(max(xn[i] + mind[i], 0.0) + e)
+                sec[1, i0 + i] = np.sqrt(max(xn[i] + mind2[i] - e, 0.0))
+                labels[i0 + i] = lab[i]
         # row-major scatter: consecutive adds hit different features, so no dependency chain
         for i in range(m):
             li = lab[i]
@@ -141,11 +146,6 @@ def _lloyd_numba(xt, w, centers, sums, counts, labels, rowd, want_rows, topv, to
                     srow[j] += xt[j, i0 + i]
                 di = max(xn[i] + mind[i], 0.0)
             inertia += wi * di
-            if want_sec:
-                labels[i0 + i] = li
-                e = marg * (np.sqrt(xn[i]) + cmax) ** 2
-                sec[0, i0 + i] = np.sqrt(di + e)
-                sec[1, i0 + i] = np.sqrt(max(xn[i] + mind2[i] - e, 0.0))
             if q and di > thr:  # keep the q rows farthest from their centers (empty-cluster relocation)
                 t_min = 0
                 for t in range(1, q):

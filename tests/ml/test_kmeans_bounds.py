@@ -55,9 +55,9 @@ def _steps(blk, centers_seq, use_xp):
         if use_xp:
             _bounds._step_xp(blk, c, st, None)
         else:
-            drift, half, m1, d1, d2 = _bounds._center_geometry(c, st.centers)
+            drift, half, m1, d1, d2, cc = _bounds._center_geometry(c, st.centers)
             _bounds._hamerly_numba(blk.T, _kernels._NO_WEIGHTS, c, st.labels, st.upper, st.lower, st.sums,
-                                   st.counts, drift, half, m1, d1, d2)
+                                   st.counts, drift, half, m1, d1, d2, cc)
         st.centers = c
     return st
 
