@@ -318,10 +318,15 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         groups = [[b] for b in range(G.nblocks)] if streaming else G.block_groups()
         bounds = not streaming and (self.algorithm == "elkan" or (self.algorithm == "auto" and d >= 8))
         # bounds live with the blocks on the workers, under a key of this fit (freed by the final pass)
-        chunk, targs = (_bounds.bounds_partial, (uuid.uuid4().hex,)) if bounds else (_kernels.lloyd_partial, ())
+        targs = (uuid.uuid4().hex,) if bounds else ()
+        settled = False  # centers move less than the bounds can absorb: bounds pay from here on
         times = []
         for it in range(self.max_iter):
             t0 = time.perf_counter()
+            if bounds and settled:
+                chunk, cargs = _bounds.bounds_partial, targs
+            else:  # while centers still jump, nearly every row fails its bounds: plain Lloyd is cheaper
+                chunk, cargs = _kernels.lloyd_partial, ()
             if streaming:  # forward and backward in turn: what a pass leaves on the device comes first next
                 from gdask import window_cache
 
@@ -329,7 +334,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
                     part = G.reduce_blocks(chunk, _kernels.lloyd_combine, centers, *wargs, name="lloyd")
                 parts = (part.compute(),)
             else:
-                parts = dask.compute(*G.reduce_groups(chunk, _kernels.lloyd_combine, centers, *targs, *wargs,
+                parts = dask.compute(*G.reduce_groups(chunk, _kernels.lloyd_combine, centers, *cargs, *wargs,
                                                       groups=groups, name="lloyd"))
             stats = _kernels.lloyd_combine(list(parts))
             sums, counts, inertia = stats["sums"], stats["counts"], stats["inertia"]
@@ -343,11 +348,13 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
             nz = counts > 0
             new[nz] = sums[nz] / counts[nz, None]
             new = new.astype(G.dtype)
-            shift = float(((new.astype(np.float64) - centers) ** 2).sum())
+            moves = ((new.astype(np.float64) - centers) ** 2).sum(1)
+            shift = float(moves.sum())
+            settled = bounds and _settled(new, moves)
             centers = new
             times.append(time.perf_counter() - t0)
             if self.verbose:
-                what = f"{stats['changed']} rows reassigned" if bounds else f"inertia {inertia:.6g}"
+                what = f"{stats['changed']} rows reassigned" if "changed" in stats else f"inertia {inertia:.6g}"
                 print(f"iteration {it + 1}: {times[-1] * 1e3:.1f} ms, {what}, center shift {shift:.3g}")
             if shift <= tol:
                 break
@@ -433,6 +440,17 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         G, _ = self._prepare(X, reset=False)
         _, mind = self._assign(G, to_numpy(self.cluster_centers_).astype(G.dtype))
         return -_weighted_sum(mind, self._weights(sample_weight, G))
+
+
+def _settled(centers: np.ndarray, moves: np.ndarray) -> bool:
+    """Whether the last move of the centers (squared, per center) is small against their spacing:
+    then most rows keep bounds that prove their cluster, and the bounds pass beats Lloyd's."""
+    if len(centers) < 2:
+        return True
+    c = centers.astype(np.float64)
+    d2 = ((c[:, None, :] - c[None, :, :]) ** 2).sum(-1)
+    np.fill_diagonal(d2, np.inf)
+    return float(np.sqrt(moves.max())) < 0.25 * float(np.sqrt(d2.min()))
 
 
 def _exceeds_devices(G: GDataSet, fraction: float = 0.8) -> bool:

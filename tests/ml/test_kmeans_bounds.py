@@ -24,10 +24,14 @@ def _fit(X, init, algorithm, **kw):
 
 
 @pytest.mark.parametrize("weighted", [False, True])
-def test_elkan_equals_lloyd(weighted):
+def test_elkan_equals_lloyd(weighted, monkeypatch):
     X, init = _overlapping()
     w = np.random.default_rng(1).uniform(0.1, 3, len(X)) if weighted else None
+    calls = []
+    partial = _bounds.bounds_partial
+    monkeypatch.setattr(_bounds, "bounds_partial", lambda *a, **k: calls.append(1) or partial(*a, **k))
     a = KMeans(len(init), init=init, max_iter=25, tol=0, algorithm="elkan").fit(X, sample_weight=w)
+    assert len(calls) > 10  # once the centers settle, the iterations run on the bounds
     b = KMeans(len(init), init=init, max_iter=25, tol=0, algorithm="lloyd").fit(X, sample_weight=w)
     np.testing.assert_allclose(a.cluster_centers_, b.cluster_centers_, rtol=1e-5, atol=1e-5)
     assert (a.labels_ != b.labels_).sum() <= 2  # float32 near-ties may go either way
