@@ -8,10 +8,17 @@ from gdask.scheduling._plugin import DeviceReporter, GPUPlacement, is_gpu_task
 from gdask.scheduling._registry import device_table
 from gdask.scheduling._streams import StreamController
 from gdask.scheduling._executor import StreamThreadPoolExecutor
+from gdask.scheduling._interference import InterferenceModel, JobProfile
+from gdask.scheduling._sharing import (DeviceCapacity, JobRequest, Placement, ShareError, ShareExceededError,
+                                       ShareLedger, device_score, first_fit, jobs_table, place, whole_device)
+from gdask.scheduling._topology import Topology, link_rank
 
 __all__ = ["StreamController", "StreamThreadPoolExecutor", "proportional_mapping"]
 __all__ += ["DeviceReporter", "DurationModel", "EarliestFinish", "GPUPlacement", "device_table", "is_gpu_task",
             "makespan", "rebalance_plan", "dask_setup"]
+__all__ += ["DeviceCapacity", "InterferenceModel", "JobProfile", "JobRequest", "Placement", "ShareError",
+            "ShareExceededError", "ShareLedger", "Topology", "device_score", "first_fit", "jobs_table",
+            "link_rank", "place", "whole_device"]
 
 
 def dask_setup(service) -> None:

@@ -78,3 +78,27 @@ def test_scan_priority_orders_block_tasks():
     prio = scan_priority([2, 0, 1])
     assert prio(("x", 2)) > prio(("x", 0)) > prio(("x", 1)) > prio("combine-root")
     assert prio(("x", 7)) == prio(("c", 0, 1)) == prio("combine-root")
+
+
+def test_gdask_kmeans_streams_blocks_through_the_window(wclient):
+    """gdask.ml.KMeans on data twice the devices' memory: one task per block through the window
+    (a task over a group of blocks would need them all on the device), same answer as in memory."""
+    from distributed import wait
+
+    import gdask
+    from gdask.ml import KMeans, _kmeans
+
+    rng = np.random.default_rng(1)
+    X = np.concatenate([rng.standard_normal((16 * 2048, 16)), rng.standard_normal((16 * 2048, 16)) + 4])
+    X = np.concatenate([X, X + 8]).astype(np.float32)  # 8 MiB = 2 x the 2 devices' 4 MiB, 128 KiB blocks
+    G = gdask.from_array(X, block_rows=2048).persist()
+    wait(G)
+    assert _kmeans._exceeds_devices(G)
+    stats(wclient, reset=True)
+    init = X[rng.choice(len(X), 4, replace=False)]
+    km = KMeans(4, init=init, max_iter=6, tol=0).fit(G)
+    s = stats(wclient)
+    assert s["hits"] + s.get("prefetch_hits", 0) > 0 and s["bytes_h2d"] > 0  # blocks came through the window
+    ref = KMeans(4, init=init, max_iter=6, tol=0, algorithm="lloyd").fit(X)  # local threads, all in memory
+    np.testing.assert_allclose(km.cluster_centers_, ref.cluster_centers_, rtol=1e-5, atol=1e-5)
+    assert (km.labels_ == ref.labels_).mean() > 0.999

@@ -1,0 +1,204 @@
+"""Interference model: the slowdown of a job's task when it shares a device with other jobs.
+
+Pure object: observed co-execution slowdowns in, predicted slowdowns out. No clocks, no I/O, no
+Dask. The model is not told how devices contend: it fits a linear model over generic interaction
+features of the jobs' profiles (own compute x others' compute, own bandwidth x others' bandwidth,
+the cross terms, over-subscription of each resource, number of co-runners) by recursive least
+squares, one observation at a time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+__all__ = ["FEATURES", "InterferenceModel", "JobProfile"]
+
+
+def _fraction(value: float, name: str) -> float:
+    try:
+        x = float(value)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"JobProfile.{name} must be a number, got {value!r}") from e
+    if not (math.isfinite(x) and x >= 0):
+        raise ValueError(f"JobProfile.{name} must be a finite fraction of a device >= 0, got {value!r}")
+    return x
+
+
+@dataclass(frozen=True)
+class JobProfile:
+    """What a job uses of a device when it runs alone on it.
+
+    Parameters
+    ----------
+    compute : float
+        Fraction of the device's compute throughput (SM time) the job keeps busy alone, usually in
+        [0, 1]. Values above 1 mean the job would over-subscribe the device by itself (e.g. a
+        profile measured on a faster device).
+    bandwidth : float
+        Fraction of the device's memory bandwidth the job uses alone.
+    memory : float
+        Fraction of the device's memory the job's resident blocks take.
+
+    Examples
+    --------
+    >>> JobProfile(compute=0.8, bandwidth=0.2).bottleneck
+    'compute'
+    """
+
+    compute: float
+    bandwidth: float
+    memory: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("compute", "bandwidth", "memory"):
+            object.__setattr__(self, name, _fraction(getattr(self, name), name))
+
+    @property
+    def bottleneck(self) -> str:
+        """``"compute"`` or ``"bandwidth"``: the resource the job uses most (ties: compute)."""
+        return "compute" if self.compute >= self.bandwidth else "bandwidth"
+
+    def scaled(self, compute: float = 1.0, bandwidth: float = 1.0, memory: float = 1.0) -> JobProfile:
+        """The profile on a device with the given relative capacities (2.0 = twice as much)."""
+        return JobProfile(self.compute / compute, self.bandwidth / bandwidth, self.memory / memory)
+
+
+#: Names of the interaction features, in the order of :meth:`InterferenceModel.features`.
+FEATURES = (
+    "wc*over_c",   # own compute weight x compute over-subscription of the device
+    "wb*over_b",   # own bandwidth weight x bandwidth over-subscription
+    "wc*over_b",   # cross terms
+    "wb*over_c",
+    "c*C",         # own compute x others' compute
+    "b*B",         # own bandwidth x others' bandwidth
+    "c*B",
+    "b*C",
+    "n",           # number of co-runners
+    "over_m",      # memory over-subscription
+)
+
+
+class InterferenceModel:
+    """Predicts the slowdown (>= 1) of a job's task when co-located with other jobs on a device.
+
+    ``slowdown = 1 + max(0, theta . phi(own, others))`` where ``phi`` are the interaction features
+    listed in :data:`FEATURES` (all zero for a job alone, so a job alone is predicted 1.0) and
+    ``theta`` is learned online by recursive least squares (ridge prior, optional forgetting).
+    Profiles are fractions of one device (see :class:`JobProfile`); scale them with
+    :meth:`JobProfile.scaled` for devices of other capacities.
+
+    Parameters
+    ----------
+    ridge : float
+        Ridge prior strength (> 0): how strongly ``theta`` is held at 0 (no interference) before
+        observations accumulate.
+    forgetting : float
+        Weight kept by past observations at each update, in (0, 1]; 1.0 never forgets, 0.99
+        tracks drifting behaviour.
+
+    Examples
+    --------
+    >>> m = InterferenceModel()
+    >>> a, b = JobProfile(0.9, 0.1), JobProfile(0.8, 0.2)
+    >>> m.predict(a, [])
+    1.0
+    >>> for _ in range(20):
+    ...     _ = m.observe(a, [b], 1.6)
+    >>> round(m.predict(a, [b]), 2)
+    1.6
+    """
+
+    def __init__(self, ridge: float = 1e-2, forgetting: float = 1.0) -> None:
+        if not (math.isfinite(ridge) and ridge > 0):
+            raise ValueError(f"ridge must be a finite number > 0, got {ridge!r}")
+        if not 0 < forgetting <= 1:
+            raise ValueError(f"forgetting must be in (0, 1], got {forgetting!r}")
+        self.ridge = float(ridge)
+        self.forgetting = float(forgetting)
+        k = len(FEATURES)
+        self.theta = np.zeros(k)
+        self._p = np.eye(k) / self.ridge
+        self.n_observations = 0
+        self._abs_pct = 0.0  # sum of prequential absolute percentage errors
+
+    # -- features -------------------------------------------------------------------------------
+    @staticmethod
+    def features(own: JobProfile, others: Iterable[JobProfile]) -> np.ndarray:
+        """Interaction features of ``own`` running with ``others`` on one device (see FEATURES)."""
+        others = list(others)
+        c, b = own.compute, own.bandwidth
+        cc = sum(o.compute for o in others)
+        bb = sum(o.bandwidth for o in others)
+        mm = sum(o.memory for o in others)
+        s = c + b
+        wc, wb = (c / s, b / s) if s > 0 else (0.5, 0.5)
+        over_c = max(0.0, c + cc - 1.0)
+        over_b = max(0.0, b + bb - 1.0)
+        over_m = max(0.0, own.memory + mm - 1.0) if others else 0.0
+        return np.array([wc * over_c, wb * over_b, wc * over_b, wb * over_c,
+                         c * cc, b * bb, c * bb, b * cc, float(len(others)), over_m])
+
+    # -- events ---------------------------------------------------------------------------------
+    def observe(self, own: JobProfile, others: Sequence[JobProfile], slowdown: float) -> float:
+        """Learn from one measured slowdown (co-located time / time alone) of ``own``'s task.
+
+        Returns
+        -------
+        float
+            The prediction made for this co-location *before* learning from it (for online error).
+
+        Raises
+        ------
+        ValueError
+            If ``slowdown`` is not a finite number > 0.
+        """
+        y = float(slowdown)
+        if not (math.isfinite(y) and y > 0):
+            raise ValueError(f"slowdown must be a finite number > 0 (time together / time alone), got {slowdown!r}")
+        phi = self.features(own, others)
+        before = self._from(phi)
+        self._abs_pct += abs(before - y) / y
+        lam = self.forgetting
+        p_phi = self._p @ phi
+        gain = p_phi / (lam + phi @ p_phi)
+        self.theta = self.theta + gain * ((y - 1.0) - self.theta @ phi)
+        self._p = (self._p - np.outer(gain, p_phi)) / lam
+        self._p = (self._p + self._p.T) / 2.0  # keep it symmetric against round-off
+        self.n_observations += 1
+        return before
+
+    # -- decisions ------------------------------------------------------------------------------
+    def _from(self, phi: np.ndarray) -> float:
+        return 1.0 + max(0.0, float(self.theta @ phi))
+
+    def predict(self, own: JobProfile, others: Iterable[JobProfile]) -> float:
+        """Predicted slowdown (>= 1) of ``own``'s tasks when ``others`` share its device."""
+        return self._from(self.features(own, others))
+
+    def error(self, samples: Iterable[tuple[JobProfile, Sequence[JobProfile], float]]) -> float:
+        """Mean absolute percentage error on ``(own, others, measured slowdown)`` samples, as a
+        fraction (0.15 = 15 %). Does not learn from them.
+
+        Raises
+        ------
+        ValueError
+            If ``samples`` is empty.
+        """
+        errs = [abs(self.predict(own, others) - y) / y for own, others, y in samples]
+        if not errs:
+            raise ValueError("error() needs at least one (own, others, slowdown) sample")
+        return float(np.mean(errs))
+
+    @property
+    def online_error(self) -> float | None:
+        """Mean absolute percentage error of the predictions made before each observation
+        (prequential error, a fraction), or None before the first observation."""
+        return self._abs_pct / self.n_observations if self.n_observations else None
+
+    def coefficients(self) -> dict[str, float]:
+        """Learned weight of each feature (for reports)."""
+        return {name: float(w) for name, w in zip(FEATURES, self.theta)}
