@@ -96,8 +96,9 @@ def group_partial_op(func: Callable[..., Any], combine: Callable[[list], Any], n
     ``host`` returns the combined partial as host (NumPy) data."""
     dev = current_device()
     flat = tuple(_on_device(a, dev) for a in flat)
-    parts = [dev.run(func, *flat[j:j + nargs], **kwargs) for j in range(0, len(flat), nargs)]
-    out = parts[0] if len(parts) == 1 else dev.run(combine, parts)
+    run = dev.compute if host else dev.run  # host results are not charged to the device
+    parts = [run(func, *flat[j:j + nargs], **kwargs) for j in range(0, len(flat), nargs)]
+    out = parts[0] if len(parts) == 1 else run(combine, parts)
     return to_host(out) if host else out
 
 

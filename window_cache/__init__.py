@@ -25,6 +25,9 @@ from gdask.window_cache._policy import LRU, FurthestInFuture, ScanOrder, WindowS
 from gdask.window_cache._scan import scan, scan_priority
 from gdask.window_cache._stats import hint_order, stats, worker_store
 from gdask.window_cache._store import State, WindowCacheMemoryError, WindowStore, make_room
+from gdask._devices._emulated import register_reclaimer
+
+register_reclaimer(make_room)  # a task result that does not fit moves cached blocks to the host first
 
 __all__ = [
     "FurthestInFuture",

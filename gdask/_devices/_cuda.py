@@ -122,6 +122,10 @@ class CudaDevice:
             self.tasks += 1
         return result
 
+    def compute(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """:meth:`run` (CUDA memory is accounted by RMM / CuPy either way)."""
+        return self.run(func, *args, **kwargs)
+
     def synchronize(self) -> None:
         self.device.synchronize()
 

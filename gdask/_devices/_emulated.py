@@ -19,6 +19,17 @@ from gdask._errors import DeviceMemoryError
 from dask.utils import format_bytes
 
 
+#: callables ``(nbytes, device) -> bytes freed`` that can free device memory on demand (the window
+#: cache registers one: it moves blocks to the host); tried once when a task's result does not fit
+_reclaimers: list[Callable[[int, Any], int]] = []
+
+
+def register_reclaimer(func: Callable[[int, Any], int]) -> None:
+    """Let ``func(nbytes, device)`` free device memory when a task result does not fit."""
+    if func not in _reclaimers:
+        _reclaimers.append(func)
+
+
 def _root(arr: np.ndarray) -> np.ndarray:
     while isinstance(arr.base, np.ndarray):
         arr = arr.base
@@ -141,7 +152,12 @@ class EmulatedDevice:
     def asarray(self, x: Any, order: str = "F") -> np.ndarray:
         """Copy host data onto the device in the given layout ("F" = feature-major for 2-D)."""
         x = np.asarray(x)
-        out = self.pool.empty(x.shape, x.dtype, order=order)
+        try:
+            out = self.pool.empty(x.shape, x.dtype, order=order)
+        except DeviceMemoryError:  # make room (e.g. cached blocks to the host) and retry once
+            if x.nbytes > self.pool.budget or not self._reclaim(x.nbytes):
+                raise
+            out = self.pool.empty(x.shape, x.dtype, order=order)
         out[...] = x
         self._transfer(out.nbytes, "h2d")
         return out
@@ -151,10 +167,19 @@ class EmulatedDevice:
         self._transfer(x.nbytes, "d2h")
         return x
 
+    def _reclaim(self, nbytes: int) -> bool:
+        """Ask the registered reclaimers to free ``nbytes`` of this device; whether any was freed."""
+        return sum(r(nbytes, self) for r in list(_reclaimers)) > 0
+
     def adopt(self, result: Any) -> Any:
         """Charge a task's array results to this device's pool."""
         if isinstance(result, np.ndarray):
-            return self.pool.adopt(result)
+            try:
+                return self.pool.adopt(result)
+            except DeviceMemoryError:  # make room (e.g. cached blocks to the host) and retry once
+                if not self._reclaim(int(_root(result).nbytes)):
+                    raise
+                return self.pool.adopt(result)
         if isinstance(result, (tuple, list)):
             for r in result:
                 self.adopt(r)
@@ -163,6 +188,10 @@ class EmulatedDevice:
     # -- execution ----------------------------------------------------------------------------
     def run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``func`` as device work: timed, slowed down by ``1 / speed``, results pooled."""
+        return self.adopt(self.compute(func, *args, **kwargs))
+
+    def compute(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """:meth:`run` for results that go to the host: not charged to the device's pool."""
         t0 = time.perf_counter()
         result = func(*args, **kwargs)
         elapsed = time.perf_counter() - t0
@@ -174,7 +203,7 @@ class EmulatedDevice:
         with self._stats_lock:
             self.busy_time += elapsed
             self.tasks += 1
-        return self.adopt(result)
+        return result
 
     def synchronize(self) -> None:
         """Emulated work is synchronous."""
