@@ -1,5 +1,15 @@
+import pathlib
+import sys
+
 import numpy as np
 import pytest
+
+# Worker processes unpickle functions defined in test modules by importing those modules: put the
+# repository on the path (``pytest``, unlike ``python -m pytest``, does not); spawned workers start
+# with this process's sys.path
+_ROOT = str(pathlib.Path(__file__).resolve().parents[1])
+if _ROOT not in sys.path:
+    sys.path.append(_ROOT)
 
 
 def _xps():
@@ -28,3 +38,4 @@ def client():
     with gdask.LocalGPUCluster(n_devices=2, backend="emulated", device_memory="512MiB",
                                dashboard_address=":0") as cluster, Client(cluster) as c:
         yield c
+

@@ -306,12 +306,16 @@ class WindowStore(MutableMapping):
             if self._resident.pop(key, None) is not None:
                 self._resident_bytes -= e.nbytes
                 e.device = None
-            if e.host is not None:
-                self._host_bytes -= e.nbytes
-                e.host = None
-            if e.disk is not None:
-                self._disk.delete(e.disk)
-                e.disk = None
+            self._drop_lower_tiers(e)
+
+    def _drop_lower_tiers(self, e) -> None:
+        """Forget an entry's host and disk copies (caller holds the lock)."""
+        if e.host is not None:
+            self._host_bytes -= e.nbytes
+            e.host = None
+        if e.disk is not None:
+            self._disk.delete(e.disk)
+            e.disk = None
 
     def __contains__(self, key: object) -> bool:
         return key in self._plain or key in self._entries
@@ -593,12 +597,7 @@ class WindowStore(MutableMapping):
                 self._resident[key] = e.nbytes
                 self._resident_bytes += e.nbytes
                 if not self.host_copy:  # exclusive tiers: the device copy is the only one
-                    if e.host is not None:
-                        self._host_bytes -= e.nbytes
-                    e.host = None
-                    if e.disk is not None:
-                        self._disk.delete(e.disk)
-                        e.disk = None
+                    self._drop_lower_tiers(e)
             ev.set()
 
     def _schedule_prefetch(self) -> None:
