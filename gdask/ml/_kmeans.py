@@ -354,7 +354,10 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
             centers = new
             times.append(time.perf_counter() - t0)
             if self.verbose:
-                what = f"{stats['changed']} rows reassigned" if "changed" in stats else f"inertia {inertia:.6g}"
+                if chunk is not _bounds.bounds_partial:
+                    what = f"inertia {inertia:.6g}"
+                else:  # a first bounds pass counts every row
+                    what = "bounds built" if stats["changed"] >= n else f"{stats['changed']} rows reassigned"
                 print(f"iteration {it + 1}: {times[-1] * 1e3:.1f} ms, {what}, center shift {shift:.3g}")
             if shift <= tol:
                 break
