@@ -110,6 +110,9 @@ def test_exceptions_propagate_and_the_executor_keeps_working(executor):
     with pytest.raises(ZeroDivisionError, match="kernel failed"):
         f.result(TIMEOUT)
     assert executor.submit(lambda: 42).result(TIMEOUT) == 42
+    deadline = time.monotonic() + TIMEOUT  # a future resolves just before its slot's counters update
+    while not (executor.completed == 2 and executor.running == 0) and time.monotonic() < deadline:
+        time.sleep(0.001)
     assert executor.failed == 1 and executor.completed == 2 and executor.running == 0
 
 
