@@ -18,31 +18,12 @@ from gdask.gdataset import from_dataframe
 from gdask.gdataset._blocks import array_module, sum_parts, to_numpy
 from gdask.gdataset._repr import persisted_futures
 from gdask.ml import _bounds, _kernels
+from gdask.ml._input import check_finite as _check_finite
+from gdask.ml._input import is_host_input as _is_host_input
 
 logger = logging.getLogger("gdask.ml")
 
 __all__ = ["KMeans"]
-
-
-def _is_host_input(X: Any) -> bool:
-    """In-memory host data scikit-learn's own validation understands (arrays, lists, pandas, sparse)."""
-    if isinstance(X, GDataSet) or type(X).__module__.split(".")[0] in ("cupy", "cudf", "dask_cudf"):
-        return False
-    return not hasattr(X, "__dask_graph__")
-
-
-def _check_finite(X: GDataSet) -> None:
-    ok = X.reduce_blocks(_all_finite, _all_true, name="check-finite").compute()
-    if not ok:
-        raise ValueError("Input X contains NaN or infinity; remove or impute them before fitting")
-
-
-def _all_finite(b):
-    return bool(b.dtype.kind in "biu" or array_module(b).isfinite(b).all())
-
-
-def _all_true(parts):
-    return all(parts)
 
 
 def _weighted_kmeanspp(points: np.ndarray, weights: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:

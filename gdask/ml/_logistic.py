@@ -14,9 +14,12 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from gdask.gdataset import GDataSet, from_array
 from gdask.gdataset import from_dask_array as gdask_from_dask_array
 from gdask.gdataset import from_dataframe
-from gdask.gdataset._blocks import to_numpy
+from gdask.gdataset._blocks import sum_parts, to_numpy
 from gdask.gdataset._repr import persisted_futures
 from gdask.ml import _logistic_kernels as _k
+from gdask.ml._input import check_finite as _check_finite
+from gdask.ml._input import is_host_input as _is_host_input
+from gdask.ml._input import module_name as _module
 
 __all__ = ["LogisticRegression"]
 
@@ -25,25 +28,8 @@ _SOLVERS = ("lbfgs", "gd")
 _GRAM_MAX_FEATURES = 4096
 
 
-def _module(x: Any) -> str:
-    return type(x).__module__.split(".")[0]
-
-
-def _is_host_input(X: Any) -> bool:
-    """In-memory host data scikit-learn's validation understands (arrays, lists, pandas, sparse)."""
-    if isinstance(X, GDataSet) or _module(X) in ("cupy", "cudf", "dask_cudf"):
-        return False
-    return not hasattr(X, "__dask_graph__")
-
-
 def _is_dask(x: Any) -> bool:
     return hasattr(x, "__dask_graph__") and not isinstance(x, GDataSet)
-
-
-def _check_finite(X: GDataSet, what: str = "X") -> None:
-    ok = X.reduce_blocks(_k.all_finite, all, name="logreg-check-finite").compute()
-    if not ok:
-        raise ValueError(f"Input {what} contains NaN or infinity; remove or impute them before fitting")
 
 
 def _aligned(v: Any, G: GDataSet, what: str) -> GDataSet:
@@ -304,7 +290,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
             return None
         if cw == "balanced":
             if counts is None:
-                counts = Y.reduce_blocks(_weighted_bincount, _sum_arrays, len(classes), W,
+                counts = Y.reduce_blocks(_weighted_bincount, sum_parts, len(classes), W,
                                          name="logreg-class-counts").compute()
             if (counts <= 0).any():
                 raise ValueError("class_weight='balanced' needs a positive (weighted) count for every class")
@@ -362,7 +348,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
         elif W is not None and w_host is not None and class_w is None:
             sw_sum = float(w_host.sum())
         else:
-            sw_sum = float(Y.reduce_blocks(_weight_sum, _sum_arrays, W, class_w, name="logreg-wsum").compute())
+            sw_sum = float(Y.reduce_blocks(_weight_sum, sum_parts, W, class_w, name="logreg-wsum").compute())
         if not sw_sum > 0:
             raise ValueError(f"the sample weights must have a positive sum, got {sw_sum}")
         if persisted_futures(G) is None:  # persisting again would cost a round trip
@@ -463,9 +449,9 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
             pen[-1] = 0.0  # the intercept is not penalised
         small = obj.d < _GRAM_MAX_FEATURES
         chunk = _k.gram if small else _k.sq_norms
-        parts = dask.compute(*obj.G.reduce_groups(chunk, _sum_arrays, obj.W, obj.class_w, obj.Y,
+        parts = dask.compute(*obj.G.reduce_groups(chunk, sum_parts, obj.W, obj.class_w, obj.Y,
                                                   groups=obj.groups, name="logreg-gram"))
-        H = _sum_arrays(list(parts)) / obj.sw_sum
+        H = sum_parts(list(parts)) / obj.sw_sum
         obj.pass_times.append(time.perf_counter() - t0)
         obj.n_passes += 1
         if not np.all(np.isfinite(H)):
@@ -591,13 +577,6 @@ def _convergence_warning(msg: str) -> None:
 
     warnings.warn(msg + "\nIncrease the number of iterations (max_iter) or scale the data "
                   "(e.g. sklearn.preprocessing.StandardScaler).", ConvergenceWarning, stacklevel=4)
-
-
-def _sum_arrays(parts: list) -> Any:
-    out = parts[0]
-    for p in parts[1:]:
-        out = out + p
-    return out
 
 
 def _weighted_bincount(y, k, w=None):

@@ -18,7 +18,7 @@ from numba import njit
 from gdask.gdataset._blocks import array_module, to_numpy
 
 __all__ = ["loss_grad", "loss_grad_combine", "decision", "label_counts", "label_counts_combine",
-           "encode_labels", "gram", "sq_norms", "all_finite"]
+           "encode_labels", "gram", "sq_norms"]
 
 
 def _as_float(x: Any, dtype: Any, xp) -> Any:
@@ -231,7 +231,3 @@ def sq_norms(X, w=None, class_w=None, y=None):
     s = _row_weights(y, w, class_w, xp)
     rows = (X * X).sum(axis=1, dtype=np.float64) + 1
     return float(rows.sum() if s is None else (rows * s).sum())
-
-
-def all_finite(b) -> bool:
-    return bool(b.dtype.kind in "biu" or array_module(b).isfinite(b).all())
