@@ -353,6 +353,20 @@ class WindowStore(MutableMapping):
                 self._evict(k)
             return got
 
+    def spill(self, key: Key) -> int:
+        """Move ``key``'s device copy to the host tier now; returns the device bytes freed (0 when
+        the key is not on the device). Used to enforce per-job memory requests."""
+        with self._lock:
+            n = self._resident.get(key)
+            if n is None:
+                return 0
+            self._evict(key)
+            return n
+
+    def device_bytes(self, key: Key) -> int:
+        """Bytes ``key`` holds on the device now (0 when it is on the host, on disk or unknown)."""
+        return self._resident.get(key, 0)
+
     def capacity(self) -> int:
         """Bytes the window may hold now (follows free device memory)."""
         tier = self.tier
