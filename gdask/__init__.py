@@ -25,6 +25,7 @@ __all__ = [
     "incremental",
     "info",
     "iterate",
+    "job",
     "ml",
     "window_cache",
     "__version__",
@@ -39,6 +40,7 @@ _lazy = {
     "info": ("gdask._info", "info"),
     "incremental": ("gdask.gdataset", "incremental"),
     "iterate": ("gdask.gdataset", "iterate"),
+    "job": ("gdask.scheduling", "job"),
     "ml": ("gdask.ml", None),
     "window_cache": ("gdask.window_cache", None),
 }

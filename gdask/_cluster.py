@@ -97,15 +97,18 @@ class LocalGPUCluster(LocalCluster):
 
             kwargs["data"] = WindowStore  # blocks beyond device memory: sliding window over host memory
         kwargs.setdefault("silence_logs", logging.ERROR)
+        from gdask.scheduling._jobs import JobMonitor, JobScheduler
         from gdask.scheduling._plugin import DeviceReporter, GPUPlacement
 
         self._reporter_plugin = DeviceReporter()
+        self._job_monitor = JobMonitor()
         if placement is None:
             placement = bool(_config.get("scheduling.placement", True))
         self.placement: GPUPlacement | None = GPUPlacement() if placement else None
+        self.jobs: JobScheduler | None = JobScheduler() if placement else None  # gdask.job shares
         if self.placement is not None:
             skw = dict(kwargs.pop("scheduler_kwargs", None) or {})
-            skw["plugins"] = [*(skw.get("plugins") or ()), self.placement]
+            skw["plugins"] = [*(skw.get("plugins") or ()), self.placement, self.jobs]
             kwargs["scheduler_kwargs"] = skw
         super().__init__(n_workers=0, threads_per_worker=streams, processes=True, **kwargs)
         self.scale(len(self.device_specs))
@@ -127,6 +130,7 @@ class LocalGPUCluster(LocalCluster):
         plugins = set(spec["options"].get("plugins") or ())
         plugins.add(self._device_plugin)
         plugins.add(self._reporter_plugin)
+        plugins.add(self._job_monitor)
         spec["options"]["plugins"] = plugins
         spec["options"]["resources"] = {"GPU": 1}
         return {name: spec}

@@ -93,7 +93,7 @@ class _Operands:
             if host.nbytes <= _EMBED_BYTES:
                 self.args.append(("value", a))
             else:
-                key = "operand-" + tokenize(a)
+                key = "operand-" + tokenize(a, dask.get_annotations().get("gdask_job"))
                 self.graph[key] = DataNode(key, a)
                 self.args.append(("ref", key))
             self.metas.append(np.broadcast_to(np.zeros((), dtype=host.dtype), host.shape))

@@ -66,6 +66,15 @@ def _split(n: int, block_rows: int) -> tuple[int, ...]:
     return (block_rows,) * full + ((rest,) if rest else ())
 
 
+def _job_salt() -> tuple:
+    """Inside ``gdask.job(...)``: the job's name, so that a job's blocks have keys of their own
+    (one job never reads another job's cached blocks); elsewhere nothing (keys unchanged)."""
+    import dask
+
+    job = dask.get_annotations().get("gdask_job")
+    return () if job is None else ("gdask-job", job)
+
+
 def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None) -> GDataSet:
     """Split a NumPy or CuPy array (1-D or 2-D, rows = samples) into device blocks.
 
@@ -118,7 +127,7 @@ def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None
             raise ValueError(f"block_rows {_short_rows(rows)} add up to {sum(rows)} rows, but the array has {n}")
     else:
         rows = _split(n, _check_block_rows(block_rows))
-    name = name or f"from-array-{tokenize(x, rows)}"
+    name = name or f"from-array-{tokenize(x, rows, *_job_salt())}"
     layer = {}
     start = 0
     for i, r in enumerate(rows):
@@ -164,7 +173,7 @@ def from_dask_array(a: Any, block_rows: int | None = None) -> GDataSet:
     if any(r == 0 for r in rows):
         a = a.rechunk({0: tuple(r for r in rows if r)})
         rows = tuple(int(c) for c in a.chunks[0])
-    name = f"from-dask-array-{tokenize(a)}"
+    name = f"from-dask-array-{tokenize(a, *_job_salt())}"
     layer = {}
     for i in range(len(rows)):
         src = (a.name, i, 0) if a.ndim == 2 else (a.name, i)

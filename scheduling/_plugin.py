@@ -41,14 +41,15 @@ def is_gpu_task(ts: Any) -> bool:
     """Whether a scheduler TaskState runs device work.
 
     True for tasks whose function lives in one of :data:`GPU_MODULES` (every GDataSet block task:
-    ``to_device``, ``block_op``, ``partial_op``, ``group_partial_op``, ``combine_op``) and for tasks
-    annotated ``{"gdask_gpu": True}``. Checked without importing ``gdask.gdataset``.
+    ``to_device``, ``block_op``, ``partial_op``, ``group_partial_op``, ``combine_op``), for tasks
+    annotated ``{"gdask_gpu": True}`` and for the tasks of a ``gdask.job`` (annotated ``gdask_job``).
+    Checked without importing ``gdask.gdataset``.
     """
     func = getattr(ts.run_spec, "func", None)
     if getattr(func, "__module__", None) in GPU_MODULES:
         return True
     ann = ts.annotations
-    return bool(ann) and bool(ann.get("gdask_gpu"))
+    return bool(ann) and bool(ann.get("gdask_gpu") or ann.get("gdask_job"))
 
 
 def _block_index(key: Any) -> int | None:
@@ -195,7 +196,7 @@ class GPUPlacement(SchedulerPlugin):
                 ts.worker_restrictions = set()
                 self._pinned.pop(key, None)
                 continue
-            self._place(ts, running, {})
+            self._place(ts, self._job_devices(ts, running), {})
             self.replaced += 1
             if ts.state == "no-worker":
                 recs[key] = "processing"
@@ -217,8 +218,10 @@ class GPUPlacement(SchedulerPlugin):
             ts = stasks.get(key)
             if ts is not None and (key in pinned or is_gpu_task(ts)):
                 found = True
-                if ts.state == "memory" and _block_index(key) is not None and ts.who_wants and ts.dependents:
-                    # a cached block reused by a new graph: a candidate for rebalancing
+                if (ts.state == "memory" and _block_index(key) is not None and ts.who_wants and ts.dependents
+                        and not (ts.annotations or {}).get("gdask_job")):
+                    # a cached block reused by a new graph: a candidate for rebalancing (a job's
+                    # blocks stay on the devices granted to it)
                     self._families[key[0]].add(key)
         if not found:
             return  # plain Dask work: nothing to do
@@ -253,14 +256,23 @@ class GPUPlacement(SchedulerPlugin):
         for members in sources.values():
             members.sort(key=lambda t: t.key[1])
             sizes = [float(_arg_bytes(t) or 1) for t in members]
-            mapping = proportional_mapping(sizes, [self.model.speed(a) for a in running])
+            devs = self._job_devices(members[0], running)
+            mapping = proportional_mapping(sizes, [self.model.speed(a) for a in devs])
             for t, d in zip(members, mapping):
-                self._pin(t, running[d], t.prefix.name, 0.0, strict=True)
-                planned[t.key] = (running[d], 0.0)
+                self._pin(t, devs[d], t.prefix.name, 0.0, strict=True)
+                planned[t.key] = (devs[d], 0.0)
         confident = sum(self.model.measured(a) for a in running) >= min(2, len(running))
         for ts in gpu:
             if ts.key not in planned:
-                planned[ts.key] = self._place(ts, running, planned, confident)
+                planned[ts.key] = self._place(ts, self._job_devices(ts, running), planned, confident)
+
+    def _job_devices(self, ts: Any, running: list[str]) -> list[str]:
+        """``running`` narrowed to the devices granted to the task's ``gdask.job``, if any."""
+        jobs = self.scheduler.plugins.get("gdask-jobs") if self.scheduler is not None else None
+        devices = jobs.devices_for(ts) if jobs is not None else None
+        if not devices:
+            return running
+        return [a for a in running if a in devices] or running
 
     def _place(self, ts: Any, running: list[str], planned: dict[Any, tuple[str, float]],
                confident: bool = True) -> tuple[str, float]:

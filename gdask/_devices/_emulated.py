@@ -134,6 +134,7 @@ class EmulatedDevice:
         self.busy_time = 0.0
         self.tasks = 0
         self._stats_lock = threading.Lock()
+        self._clock = None
 
     # -- arrays -------------------------------------------------------------------------------
     @property
@@ -204,6 +205,32 @@ class EmulatedDevice:
             self.busy_time += elapsed
             self.tasks += 1
         return result
+
+    def kernel(self, work: float, compute: float = 1.0, bandwidth: float = 1.0, job: Any = None) -> float:
+        """Run an emulated kernel of ``work`` device-seconds with demand ``(compute, bandwidth)``,
+        contending with the kernels that share this device (see
+        :class:`gdask._devices._contention.SharedClock`); returns the seconds it took."""
+        clock = self.clock
+        elapsed = clock.kernel(work, compute, bandwidth, job=job)
+        with self._stats_lock:
+            self.busy_time += elapsed
+            self.tasks += 1
+        return elapsed
+
+    @property
+    def clock(self):
+        """The device's :class:`~gdask._devices._contention.SharedClock` (made on first use)."""
+        if self._clock is None:
+            from gdask._devices._contention import SharedClock
+
+            with self._stats_lock:
+                if self._clock is None:
+                    self._clock = SharedClock(speed=self.spec.speed)
+        return self._clock
+
+    def job_usage(self, job: Any = None) -> dict[str, float]:
+        """Per-job device usage of emulated kernels (NVML's per-process utilisation, emulated)."""
+        return self.clock.usage(job)
 
     def synchronize(self) -> None:
         """Emulated work is synchronous."""
