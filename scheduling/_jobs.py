@@ -604,7 +604,7 @@ class Job:
         self.client = client
         self.name = name or f"job-{uuid.uuid4().hex[:8]}"
         # validate here, with the user's values, before anything is sent
-        JobRequest(self.name, gpu, memory if memory is not None else 0, profile)
+        JobRequest(self.name, gpu, memory if memory is not None else 1, profile)
         self.gpu = float(gpu)
         self.memory = None if memory is None else parse_size(memory, name=f"job {self.name!r} memory")
         if int(devices) < 1:

@@ -264,7 +264,9 @@ class GPUPlacement(SchedulerPlugin):
         confident = sum(self.model.measured(a) for a in running) >= min(2, len(running))
         for ts in gpu:
             if ts.key not in planned:
-                planned[ts.key] = self._place(ts, self._job_devices(ts, running), planned, confident)
+                devs = self._job_devices(ts, running)
+                # a job's tasks are pinned strictly: stealing must not take them off its devices
+                planned[ts.key] = self._place(ts, devs, planned, confident or devs is not running)
 
     def _job_devices(self, ts: Any, running: list[str]) -> list[str]:
         """``running`` narrowed to the devices granted to the task's ``gdask.job``, if any."""
@@ -296,8 +298,10 @@ class GPUPlacement(SchedulerPlugin):
         kind = ts.prefix.name
         addr, _ = self.placer.choose(kind, nbytes, local, candidates=running, ready=ready)
         finish = self.placer.finish_time(addr, kind, nbytes, local, ready)
-        # until durations are measured the choice is a guess: let work stealing correct it
-        self._pin(ts, addr, kind, nbytes, strict=confident and self.model.known(kind))
+        # until durations are measured the choice is a guess: let work stealing correct it (not
+        # for a job's tasks, which must stay on the job's devices)
+        strict = confident and (self.model.known(kind) or bool((ts.annotations or {}).get("gdask_job")))
+        self._pin(ts, addr, kind, nbytes, strict=strict)
         return addr, finish
 
     def _pin(self, ts: Any, addr: str, kind: str, nbytes: float, strict: bool = True) -> None:
