@@ -575,15 +575,20 @@ def _ensure_plugins(client: Any) -> None:
             return
 
         def has(dask_scheduler=None):
-            return [n in dask_scheduler.plugins for n in ("gdask-placement", JobScheduler.name)]
+            return ([n in dask_scheduler.plugins for n in ("gdask-placement", JobScheduler.name)]
+                    + [any((ws.metrics or {}).get("gdask_device") for ws in dask_scheduler.workers.values())])
 
-        placement, jobs_ = client.run_on_scheduler(has)
+        placement, jobs_, devices = client.run_on_scheduler(has)
         if not placement:
             from gdask.scheduling._plugin import GPUPlacement
 
             client.register_plugin(GPUPlacement())
         if not jobs_:
             client.register_plugin(JobScheduler())
+        if not devices:  # a plain Dask cluster: give each worker a device (CUDA, else emulated)
+            from gdask.scheduling._plugin import DeviceReporter
+
+            client.register_plugin(DeviceReporter(create_device=True))
         client.register_plugin(JobMonitor())  # idempotent: workers that have it keep theirs
         _ready[client] = True
 

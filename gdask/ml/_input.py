@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import uuid
+from typing import Any, Iterator
 
 from gdask.gdataset import GDataSet
 from gdask.gdataset._blocks import array_module
@@ -29,3 +31,30 @@ def check_finite(X: GDataSet, what: str = "X") -> None:
     """Raise ``ValueError`` when the GDataSet ``X`` contains NaN or infinity (one pass over it)."""
     if not X.reduce_blocks(all_finite, all, name="check-finite").compute():
         raise ValueError(f"Input {what} contains NaN or infinity; remove or impute them before fitting")
+
+
+@contextlib.contextmanager
+def job_scope(est: Any) -> Iterator[Any]:
+    """Run an estimator's fit inside ``gdask.job(...)`` when it asks for a device share
+    (``gpu=`` / ``memory=``), a Client exists, and no enclosing job block runs already."""
+    gpu, memory, name = getattr(est, "gpu", None), getattr(est, "memory", None), getattr(est, "job_name", None)
+    if gpu is None and memory is None:
+        yield None
+        return
+    from gdask.scheduling import current_job, job
+
+    client = None
+    if current_job() is None:
+        try:
+            from distributed import get_client
+
+            client = get_client()
+        except ValueError:  # no Client: a local fit has this process's device to itself
+            client = None
+    if client is None:
+        yield None
+        return
+    kind = type(est).__name__
+    with job(client, gpu=1.0 if gpu is None else gpu, memory=memory,
+             name=name or f"{kind.lower()}-{uuid.uuid4().hex[:6]}", kind=kind) as j:
+        yield j

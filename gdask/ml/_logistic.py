@@ -19,6 +19,7 @@ from gdask.gdataset._repr import persisted_futures
 from gdask.ml import _logistic_kernels as _k
 from gdask.ml._input import check_finite as _check_finite
 from gdask.ml._input import is_host_input as _is_host_input
+from gdask.ml._input import job_scope
 from gdask.ml._input import module_name as _module
 
 __all__ = ["LogisticRegression"]
@@ -158,6 +159,14 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
         Start from the previous fit's coefficients.
     verbose : int, default 0
         Print one line per pass over the data (loss, gradient norm, time).
+    gpu : float, optional
+        Fit inside ``gdask.job(client, gpu=gpu, memory=memory, name=job_name)``: a share of a
+        device of the current Client's cluster (see :func:`gdask.job`). Default None: no share
+        is asked for (and none without a Client).
+    memory : int or str, optional
+        Device memory of that share (``"4GiB"``); default ``gpu`` times the device's memory.
+    job_name : str, optional
+        The job's name in :func:`gdask.scheduling.jobs` (default: the class name and a random suffix).
 
     Attributes
     ----------
@@ -179,7 +188,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
 
     def __init__(self, C: float = 1.0, *, fit_intercept: bool = True, max_iter: int = 100, tol: float = 1e-4,
                  solver: str = "lbfgs", class_weight: Any = None, warm_start: bool = False,
-                 verbose: int = 0) -> None:
+                 verbose: int = 0, gpu: float | None = None, memory: Any = None, job_name: str | None = None) -> None:
         self.C = C
         self.fit_intercept = fit_intercept
         self.max_iter = max_iter
@@ -188,6 +197,9 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
         self.class_weight = class_weight
         self.warm_start = warm_start
         self.verbose = verbose
+        self.gpu = gpu
+        self.memory = memory
+        self.job_name = job_name
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -317,6 +329,10 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
             NaN/inf, wrong shapes, fewer than two classes, continuous targets, bad parameters.
         """
         self._check_params()
+        with job_scope(self):
+            return self._fit(X, y, sample_weight)
+
+    def _fit(self, X: Any, y: Any, sample_weight: Any) -> LogisticRegression:
         if _is_host_input(X):
             from sklearn.utils.validation import validate_data
 

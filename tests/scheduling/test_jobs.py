@@ -180,3 +180,29 @@ def test_job_profile_given_and_repr(jc):
         assert jobs(jc).loc["t-given", "bottleneck"] == "bandwidth"
     with pytest.raises(RuntimeError, match="runs once"):
         j.open()
+
+
+def test_estimators_take_a_share_with_gpu_and_memory_keywords(jc):
+    from gdask.ml import LogisticRegression
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2000, 5)).astype("f8")
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).astype(int)
+    plain = LogisticRegression().fit(x, y)
+    shared = LogisticRegression(gpu=0.5, memory="8MiB", job_name="t-lr").fit(x, y)
+    np.testing.assert_allclose(shared.coef_, plain.coef_, rtol=1e-6, atol=1e-8)
+    row = jobs(jc).loc["t-lr"]
+    assert row["status"] == "done" and row["kind"] == "LogisticRegression" and len(row["devices"]) == 1
+    assert shared.get_params()["gpu"] == 0.5
+
+
+def test_a_plain_dask_cluster_gets_the_job_plugins_on_first_use():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0") as cluster, \
+            Client(cluster) as c:
+        with gdask.job(c, gpu=0.5, memory="1MiB", name="t-plain", timeout=30) as j:
+            futs = c.map(emulated_kernel, range(6), work=0.001, compute=0.1, bandwidth=0.1, pure=False)
+            assert c.gather(futs) == ["t-plain"] * 6
+            assert _who(c, futs) == set(j.devices)
+        assert jobs(c).loc["t-plain", "status"] == "done"
