@@ -19,6 +19,24 @@ with open(_fn) as _f:
 dask.config.update_defaults(_defaults)
 
 
+_MISSING = object()
+
+
+def _packaged(key: str) -> Any:
+    node: Any = _defaults.get("gdask", {})
+    for part in key.split("."):
+        if not isinstance(node, dict):
+            return _MISSING
+        node = node.get(part, node.get(part.replace("_", "-"), _MISSING))
+        if node is _MISSING:
+            return _MISSING
+    return node
+
+
 def get(key: str, default: Any = None) -> Any:
-    """Read ``gdask.<key>`` from dask.config."""
-    return dask.config.get(f"gdask.{key}", default=default)
+    """Read ``gdask.<key>`` from dask.config; gdask.yaml's value when the config lost it (code that
+    replaces ``dask.config.config`` wholesale, e.g. test harnesses), else ``default``."""
+    value = dask.config.get(f"gdask.{key}", default=_MISSING)
+    if value is _MISSING:
+        value = _packaged(key)
+    return default if value is _MISSING else value

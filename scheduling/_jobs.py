@@ -593,6 +593,21 @@ def _ensure_plugins(client: Any) -> None:
         _ready[client] = True
 
 
+#: jobs opened in this context (thread, task), innermost last
+_open_jobs: contextvars.ContextVar[tuple] = contextvars.ContextVar("gdask_open_jobs", default=())
+
+
+def _annotate_with(job: Job | None) -> None:
+    """Make ``job`` (or no job) the one annotated on tasks submitted from this context, keeping
+    the other annotations: unlike ``with dask.annotate``, this lets jobs close in any order."""
+    from dask.base import _annotations
+
+    ann = {k: v for k, v in dask.get_annotations().items() if k not in (JOB, KIND)}
+    if job is not None:
+        ann.update({JOB: job.name, KIND: job.kind})
+    _annotations.set(ann or None)
+
+
 class Job:
     """A job's share of the cluster's devices; see :func:`job`."""
 
@@ -623,8 +638,6 @@ class Job:
         self.devices: list[str] = []
         self.waited: float | None = None
         self.status = "new"
-        self._annotate = None
-        self._token: contextvars.Token | None = None
 
     def open(self) -> Job:
         """Ask for the share (waits while no device has room) and start annotating tasks."""
@@ -648,20 +661,18 @@ class Job:
         self.waited = float(info["waited"])
         self.status = "running"
         self.client.run(_set_limit, self.name, self.memory, workers=self.devices)
-        self._annotate = dask.annotate(**{JOB: self.name, KIND: self.kind})
-        self._annotate.__enter__()
+        _open_jobs.set((*_open_jobs.get(), self))
+        _annotate_with(self)
         return self
 
     def close(self) -> None:
         """Release the share; the job's blocks stay until their futures are released."""
         if self.status not in ("running", "waiting"):
             return
-        if self._annotate is not None:
-            try:
-                self._annotate.__exit__(None, None, None)
-            except ValueError:  # closed from another context (e.g. another notebook cell)
-                pass
-            self._annotate = None
+        stack = tuple(j for j in _open_jobs.get() if j is not self)
+        _open_jobs.set(stack)
+        if dask.get_annotations().get(JOB) == self.name:  # jobs may close in any order
+            _annotate_with(stack[-1] if stack else None)
         try:
             self.client.sync(self.client.scheduler.gdask_job_close, name=self.name)
             self.client.run(_set_limit, self.name, None, workers=self.devices or None)

@@ -206,3 +206,25 @@ def test_a_plain_dask_cluster_gets_the_job_plugins_on_first_use():
             assert c.gather(futs) == ["t-plain"] * 6
             assert _who(c, futs) == set(j.devices)
         assert jobs(c).loc["t-plain", "status"] == "done"
+
+
+def test_a_job_on_two_devices_gets_the_best_linked_pair(jc):
+    import dask
+
+    names = jc.run(lambda dask_worker: str(dask_worker.name))  # address -> worker name
+    by_name = {n: a for a, n in names.items()}
+    with dask.config.set({"gdask.scheduling.sharing.links": {"0-2": "nvlink", "1-2": "socket"}}):
+        with gdask.job(jc, gpu=0.5, memory="1MiB", name="t-linked", devices=2) as j:
+            assert set(j.devices) == {by_name["0"], by_name["2"]}
+
+
+def test_jobs_opened_without_with_may_close_in_any_order(jc):
+    a = gdask.job(jc, gpu=0.1, memory="1MiB", name="t-order-a").open()
+    b = gdask.job(jc, gpu=0.1, memory="1MiB", name="t-order-b").open()
+    assert current_job() == "t-order-b"
+    b_futs = jc.map(emulated_kernel, range(2), work=0.0, compute=0.1, bandwidth=0.1, pure=False)
+    a.close()
+    assert current_job() == "t-order-b"
+    b.close()
+    assert current_job() is None
+    assert jc.gather(b_futs) == ["t-order-b"] * 2

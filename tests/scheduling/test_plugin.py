@@ -86,6 +86,23 @@ async def test_scheduler_preload_installs_placement(c, s, a):
     assert "gdask_device_table" in s.handlers
     stats = await c.scheduler.gdask_placement_stats()
     assert a.address in stats["workers"]
+    assert "gdask-jobs" in s.plugins and "gdask_job_open" in s.handlers
+
+
+def test_worker_preload_gives_a_device_and_reports_it():
+    from distributed import Scheduler, Worker
+
+    from gdask.scheduling import JobMonitor
+
+    async def main():
+        async with Scheduler(dashboard_address=":0", preload=["gdask.scheduling"]) as s, \
+                Worker(s.address, preload=["gdask.scheduling"], name=0) as w:
+            assert getattr(w, "gdask_device", None) is not None
+            assert isinstance(w.plugins.get(JobMonitor.name), JobMonitor) and "gdask-device-reporter" in w.plugins
+            await w.heartbeat()
+            assert s.workers[w.address].metrics.get("gdask_device", {}).get("memory", 0) > 0
+
+    asyncio.run(main())
 
 
 def _sleepy(b, cost, it):
