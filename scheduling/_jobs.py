@@ -140,6 +140,7 @@ class JobScheduler(SchedulerPlugin):
         self.observations: list[dict[str, Any]] = []  # clean co-run measurements, with predictions
         self._seen_sets: set[frozenset] = set()
         self.scheduler: Any = None
+        self.keep_finished = 1000  # finished jobs kept for jobs(client)
 
     # -- lifecycle ----------------------------------------------------------------------------------
     async def start(self, scheduler: Any) -> None:
@@ -297,6 +298,9 @@ class JobScheduler(SchedulerPlugin):
         if rec.status in ("waiting", "running"):
             rec.status = "done"
             rec.finished = time.time()
+        ended = [n for n, r in self.records.items() if r.finished is not None]
+        for n in ended[:max(0, len(ended) - self.keep_finished)]:  # the table keeps the newest ones
+            del self.records[n]
         self._dispatch()
         return {"slowdown": _mean(rec.slowdowns)}
 
