@@ -1,4 +1,22 @@
-"""PageRank as a delta iteration over a blocked sparse graph (GTracker + iteration channel)."""
+"""PageRank as a delta iteration over a blocked sparse graph (GTracker + iteration channel).
+
+Two solvers of the same linear system ``y = damping * M @ (inv * y) + (1 - damping) / n``:
+
+* ``"gauss-seidel"`` (default): block Gauss-Seidel sweeps. The blocks are visited in one order
+  (the one in which most rank flows forward, chosen from the graph by :func:`sweep_order`), each
+  block starts from the newest values of the blocks already updated in the same sweep, and the
+  diagonal block is relaxed row by row inside its task (Gauss-Seidel over the block's own edges).
+  On graphs whose links mostly point one way along that order (citations, hierarchies) a sweep
+  propagates rank along a whole chain of links instead of one link per iteration, so far fewer
+  sweeps are needed than power iterations; on any graph a Gauss-Seidel sweep contracts at least
+  as fast as a Jacobi step asymptotically (Stein-Rosenberg: the iteration matrix is non-negative).
+* ``"jacobi"``: every block product reads the previous iteration's ranks (one power-iteration
+  step per iteration, all block products independent).
+
+Both run as :func:`gdask.iterate` delta iterations: a block whose update is below the per-block
+threshold keeps its value, its channel token does not change, and GTracker reuses the block
+products that read it.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +27,12 @@ import numpy as np
 from dask.base import tokenize
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
-from dask.task_spec import Task
+from dask.task_spec import Task, TaskRef
+from numba import njit
 
-__all__ = ["pagerank", "BlockedGraph", "blocked_graph"]
+__all__ = ["pagerank", "BlockedGraph", "blocked_graph", "sweep_order"]
+
+_METHODS = ("gauss-seidel", "jacobi")
 
 
 def _contrib(m, y, inv):
@@ -25,6 +46,34 @@ def _row_update(damping, teleport, *parts):
         out += p
     out *= damping
     out += teleport
+    return out
+
+
+@njit(nogil=True, cache=True)
+def _gs_kernel(indptr, indices, data, inv, y, b, damping, sweeps, descending):  # pragma: no cover - compiled
+    """In place: ``sweeps`` Gauss-Seidel sweeps of ``y = damping * M @ (inv * y) + b`` over the rows
+    of one diagonal block, visiting rows in descending (or ascending) order."""
+    n = y.shape[0]
+    for _ in range(sweeps):
+        for t in range(n):
+            r = n - 1 - t if descending else t
+            s = 0.0
+            for k in range(indptr[r], indptr[r + 1]):
+                c = indices[k]
+                s += data[k] * inv[c] * y[c]
+            y[r] = damping * s + b[r]
+
+
+def _diag_solve(m, inv, y, damping, teleport, sweeps, descending, *parts):
+    """Block ``i``'s Gauss-Seidel update: the incoming products ``parts`` (other blocks, already
+    weighted by their inverse out-degrees) plus ``sweeps`` row-by-row sweeps over the diagonal block
+    ``m`` starting from the block's current value ``y``."""
+    b = np.full(y.shape[0], teleport)
+    for p in parts:
+        b += damping * p
+    out = np.array(y, dtype=np.float64, copy=True)
+    _gs_kernel(m.indptr, m.indices, m.data, np.asarray(inv, dtype=np.float64), out, b, float(damping), int(sweeps),
+               bool(descending))
     return out
 
 
@@ -97,44 +146,123 @@ def blocked_graph(A: Any, nblocks: int | None = None, client: Any = None) -> Blo
     return BlockedGraph(n=n, bounds=bounds, blocks=blocks, inv=inv_f, nnz=int(A.nnz))
 
 
-def _make_step(damping: float):
+def sweep_order(A: Any) -> tuple[str, np.ndarray | None]:
+    """The Gauss-Seidel sweep order for adjacency ``A``: the one in which most rank flows forward.
+
+    A sweep gains over a power iteration by the links whose source is updated before their
+    destination. Candidates: the node order swept in descending or ascending index, and the nodes
+    sorted by the rank they receive in one step (weighted in-degree, ascending: sources first, hubs
+    last; ties in the better direction of the node order). Each is scored by the share of the
+    transition weight on its forward links; the node order is kept unless the in-degree order
+    scores more than 0.05 higher (renumbering the graph costs a copy of it).
+
+    Parameters
+    ----------
+    A : scipy.sparse matrix
+        ``A[i, j]`` = weight of the edge ``i -> j``.
+
+    Returns
+    -------
+    (str, numpy.ndarray or None)
+        ``"descending"`` or ``"ascending"`` with ``None``, or ``"in-degree"`` with the
+        permutation ``perm`` (new node ``k`` is node ``perm[k]``) to sweep in ascending order.
+    """
+    A = _check_adjacency(A)
+    n = A.shape[0]
+    out = np.asarray(A.sum(axis=1)).ravel()
+    inv = np.divide(1.0, out, out=np.zeros(n), where=out > 0)
+    src = np.repeat(np.arange(n, dtype=np.int64), np.diff(A.indptr))
+    dst = A.indices
+    w = A.data * inv[src]
+    total = float(w.sum())
+    if total <= 0:
+        return "descending", None
+    desc = float(w[dst < src].sum()) / total  # links to lower indices: forward in a descending sweep
+    asc = float(w[dst > src].sum()) / total
+    natural = "descending" if desc >= asc else "ascending"
+    received = np.bincount(dst, weights=w, minlength=n)
+    perm = np.lexsort((-np.arange(n) if natural == "descending" else np.arange(n), received))
+    pos = np.empty(n, dtype=np.int64)
+    pos[perm] = np.arange(n)
+    by_degree = float(w[pos[src] < pos[dst]].sum()) / total
+    if by_degree > max(desc, asc) + 0.05:
+        return "in-degree", perm
+    return natural, None
+
+
+def _compute(layer: dict, outs: list) -> list:
+    import dask
+
+    name = "pagerank-" + tokenize(outs)
+    graph = HighLevelGraph.from_collections(name, layer, dependencies=())
+    return list(dask.compute(*[Delayed(k, graph, layer=name) for k in outs]))
+
+
+def _product(layer: dict, m, y, inv, i: int, j: int) -> TaskRef:
+    k = ("pagerank-contrib-" + tokenize(m.key, y.key, inv.key), i, j)
+    layer[k] = Task(k, _contrib, m, y, inv)
+    return TaskRef(k)
+
+
+def _make_jacobi_step(damping: float):
     def step(G: BlockedGraph, state, ctx):
         nb = G.nblocks
         teleport = (1.0 - damping) / G.n
         layer: dict = {}
         outs = []
         for i in range(nb):
-            ckeys = []
-            for j in range(nb):
-                m, y, inv = G.blocks[i][j], ctx.refs[j], G.inv[j]
-                k = ("pagerank-contrib-" + tokenize(m.key, y.key, inv.key), i, j)
-                layer[k] = Task(k, _contrib, m, y, inv)
-                ckeys.append(k)
-            rk = ("pagerank-row-" + tokenize(ckeys, damping, teleport), i)
-            from dask.task_spec import TaskRef
-
-            layer[rk] = Task(rk, _row_update, damping, teleport, *[TaskRef(c) for c in ckeys])
+            parts = [_product(layer, G.blocks[i][j], ctx.refs[j], G.inv[j], i, j) for j in range(nb)]
+            rk = ("pagerank-row-" + tokenize([p.key for p in parts], damping, teleport), i)
+            layer[rk] = Task(rk, _row_update, damping, teleport, *parts)
             outs.append(rk)
-        name = "pagerank-" + tokenize(outs)
-        graph = HighLevelGraph.from_collections(name, layer, dependencies=())
-        import dask
+        return _compute(layer, outs)
 
-        return list(dask.compute(*[Delayed(k, graph, layer=name) for k in outs]))
+    return step
+
+
+def _make_gs_step(damping: float, sweeps: int, descending: bool):
+    def step(G: BlockedGraph, state, ctx):
+        nb = G.nblocks
+        teleport = (1.0 - damping) / G.n
+        layer: dict = {}
+        new: dict[int, TaskRef] = {}  # blocks already updated in this sweep
+        for i in (range(nb - 1, -1, -1) if descending else range(nb)):
+            # sources updated earlier in the sweep are read as the new in-graph values; the others as
+            # the published (channel) values, so products of unchanged blocks are reused
+            parts = [_product(layer, G.blocks[i][j], new.get(j, ctx.refs[j]), G.inv[j], i, j)
+                     for j in range(nb) if j != i]
+            m, inv, y = G.blocks[i][i], G.inv[i], ctx.refs[i]
+            dk = ("pagerank-diag-" + tokenize(m.key, inv.key, y.key, [p.key for p in parts], damping, teleport,
+                                              sweeps, descending), i)
+            layer[dk] = Task(dk, _diag_solve, m, inv, y, damping, teleport, sweeps, descending, *parts)
+            new[i] = TaskRef(dk)
+        return _compute(layer, [new[i].key for i in range(nb)])
 
     return step
 
 
 def pagerank(A: Any, *, damping: float = 0.85, tol: float = 1e-6, max_iter: int = 200, nblocks: int | None = None,
-             client: Any = None, return_info: bool = False):
+             method: str = "gauss-seidel", inner_sweeps: int = 2, client: Any = None, return_info: bool = False):
     """PageRank of a directed graph as a delta iteration over a blocked sparse graph.
 
     Same definition as ``networkx.pagerank`` (uniform teleport, dangling nodes' rank spread
     uniformly). Computed through the equivalent linear system without dangling redistribution,
     ``y = damping * A_norm.T @ y + (1 - damping) / n`` with ``rank = y / sum(y)`` (exact for uniform
     teleport and dangling vectors): no global term couples the blocks, so a block of ``y`` that has
-    converged stays unchanged. The matrix is split into ``nblocks x nblocks`` CSR blocks; each
-    iteration, :func:`gdask.iterate` publishes only the changed rank blocks on the iteration channel
-    and GTracker reuses every block product whose source block did not change.
+    converged stays unchanged. The matrix is split into ``nblocks x nblocks`` CSR blocks, one task
+    per block (a product ``M_ij @ y_j`` for ``i != j``, a solve over ``M_ii`` on the diagonal);
+    each iteration, :func:`gdask.iterate` publishes only the changed rank blocks on the iteration
+    channel and GTracker reuses every block product whose source block did not change.
+
+    With ``method="gauss-seidel"`` an iteration is one block Gauss-Seidel sweep: blocks are
+    updated one after the other, each from the newest values of the blocks updated before it, and
+    the diagonal block is relaxed row by row (``inner_sweeps`` times). The sweep follows the order
+    that most of the transition weight follows (:func:`sweep_order`): the node order, descending
+    when most links point to lower-numbered nodes (citation graphs) or ascending, or, when the
+    node order does not follow the links, the nodes renumbered by the rank they receive (sources
+    first). Rank then travels along chains of links within one sweep, which needs several times
+    fewer sweeps than power iterations on graphs with such an order. ``method="jacobi"`` is the
+    power-iteration update (every block product reads the previous iterate).
 
     Parameters
     ----------
@@ -142,20 +270,32 @@ def pagerank(A: Any, *, damping: float = 0.85, tol: float = 1e-6, max_iter: int 
         ``A[i, j]`` = weight of the edge ``i -> j`` (e.g. from :func:`powerlaw_graph`).
     damping : float, default 0.85
     tol : float, default 1e-6
-        Stop when an iteration changes the ranks by at most ``tol`` in L1 norm.
+        Stop when an iteration changes the ranks by at most ``tol`` in L1 norm (the unnormalised
+        ``y`` by at most ``tol * sum(y)``).
     max_iter : int, default 200
+        Iterations (sweeps) at most.
     nblocks : int, optional
         Blocks per side (default: about 64Ki nodes per block, 2 to 16).
+    method : {"gauss-seidel", "jacobi"}, default "gauss-seidel"
+    inner_sweeps : int, default 2
+        Gauss-Seidel sweeps over the diagonal block's own edges per block task (``"gauss-seidel"``).
     client : distributed.Client, optional
     return_info : bool
         Also return a dict with ``n_iter``, ``converged``, ``history`` (per-iteration tasks
-        executed/reused, active blocks) and ``block_tasks`` (block products per iteration if
-        nothing were reused).
+        executed/reused, active blocks), ``block_tasks`` (block tasks per iteration if nothing
+        were reused), ``method`` and ``order`` (the sweep order of Gauss-Seidel,
+        ``"descending"``, ``"ascending"`` or ``"in-degree"``, else ``None``).
 
     Returns
     -------
     numpy.ndarray or (numpy.ndarray, dict)
         Ranks summing to 1.
+
+    Raises
+    ------
+    ValueError
+        If ``A`` is not square or has negative weights, ``damping`` is not in (0, 1), ``method``
+        is unknown or ``inner_sweeps < 1``.
 
     Examples
     --------
@@ -166,22 +306,38 @@ def pagerank(A: Any, *, damping: float = 0.85, tol: float = 1e-6, max_iter: int 
 
     if not 0 < damping < 1:
         raise ValueError(f"damping must be in (0, 1), got {damping}")
+    if method not in _METHODS:
+        raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
+    if int(inner_sweeps) < 1:
+        raise ValueError(f"inner_sweeps must be >= 1, got {inner_sweeps}")
     if client is None:
         from distributed import default_client
 
         client = default_client()
+    A = _check_adjacency(A)
+    order, perm = None, None
+    if method == "gauss-seidel":
+        order, perm = sweep_order(A)
+        if perm is not None:
+            A = A[perm][:, perm].tocsr()
+        step = _make_gs_step(damping, int(inner_sweeps), order == "descending")
+    else:
+        step = _make_jacobi_step(damping)
     G = blocked_graph(A, nblocks=nblocks, client=client)
     try:
         y0 = [np.full(s, (1.0 - damping) / G.n) for s in G.block_sizes()]
-        # y grows monotonically from y0 to its fixed point, so sum(y_k) <= sum(y): tol * sum(y_k)
-        # on y's L1 change is at least as strict as tol on the normalised ranks' change.
-        res = iterate(_make_step(damping), y0, data=G, max_iter=max_iter,
+        # every iterate stays below the fixed point y (Jacobi and Gauss-Seidel alike: each value is a
+        # non-negative combination of values below y, started from y0 <= y), so sum(y_k) <= sum(y):
+        # tol * sum(y_k) on y's L1 change is at least as strict as tol on the normalised ranks' change.
+        res = iterate(step, y0, data=G, max_iter=max_iter,
                       tol=lambda s: tol * sum(float(b.sum()) for b in s), client=client, per_block=True)
     finally:
         G.release()
     y = np.concatenate(res.state)
+    if perm is not None:
+        y[perm] = y.copy()
     r = y / y.sum()
     if return_info:
         return r, {"n_iter": res.n_iter, "converged": res.converged, "history": res.history,
-                   "nblocks": G.nblocks, "block_tasks": G.nblocks * G.nblocks}
+                   "nblocks": G.nblocks, "block_tasks": G.nblocks * G.nblocks, "method": method, "order": order}
     return r

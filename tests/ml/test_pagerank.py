@@ -25,10 +25,17 @@ def reference_pagerank(A, damping=0.85, tol=1e-15):
     raise AssertionError("reference did not converge")
 
 
-def test_matches_dense_reference_and_networkx(client):
+def block_tasks(info):
+    """Executed tasks that read one matrix block (scheduler transitions)."""
+    return sum(x["executed_by_prefix"].get("pagerank-contrib", 0) + x["executed_by_prefix"].get("pagerank-diag", 0)
+               for x in info["history"])
+
+
+@pytest.mark.parametrize("method", ["gauss-seidel", "jacobi"])
+def test_matches_dense_reference_and_networkx(client, method):
     A = gdask.ml.powerlaw_graph(600, avg_degree=4, seed=3, p_back=0.03)
     assert (A.getnnz(axis=1) == 0).any()  # has dangling nodes
-    r, info = gdask.ml.pagerank(A, tol=1e-7, nblocks=3, return_info=True, client=client)
+    r, info = gdask.ml.pagerank(A, tol=1e-7, nblocks=3, method=method, return_info=True, client=client)
     ref = reference_pagerank(A)
     assert info["converged"]
     assert np.abs(r - ref).max() < 1e-6
@@ -39,17 +46,18 @@ def test_matches_dense_reference_and_networkx(client):
     assert np.abs(r - np.array([pr[i] for i in range(A.shape[0])])).max() < 1e-6
 
 
-def test_small_handmade_graph_with_dangling_and_weights(client):
+@pytest.mark.parametrize("method, nblocks", [("gauss-seidel", 2), ("gauss-seidel", 1), ("jacobi", 2)])
+def test_small_handmade_graph_with_dangling_and_weights(client, method, nblocks):
     # 0 -> 1 (weight 2), 0 -> 2, 1 -> 2, 2 -> 0, 3 dangling, 4 isolated
     A = sp.csr_matrix((np.array([2.0, 1.0, 1.0, 1.0]), (np.array([0, 0, 1, 2]), np.array([1, 2, 2, 0]))),
                       shape=(5, 5))
-    r = gdask.ml.pagerank(A, damping=0.5, tol=1e-9, nblocks=2, client=client)
+    r = gdask.ml.pagerank(A, damping=0.5, tol=1e-9, nblocks=nblocks, method=method, client=client)
     np.testing.assert_allclose(r, reference_pagerank(A, damping=0.5), atol=1e-8)
 
 
 def test_converged_blocks_reuse_block_products(client):
     A = gdask.ml.powerlaw_graph(3000, avg_degree=5, seed=0, p_back=0.0)
-    r, info = gdask.ml.pagerank(A, tol=1e-8, nblocks=6, return_info=True, client=client)
+    r, info = gdask.ml.pagerank(A, tol=1e-8, nblocks=6, method="jacobi", return_info=True, client=client)
     assert np.abs(r - reference_pagerank(A)).max() < 1e-6
     h = info["history"]
     assert h[0]["executed"] >= 36  # every block product runs once
@@ -58,6 +66,75 @@ def test_converged_blocks_reuse_block_products(client):
     # a block product runs again only if its source block changed
     executed = sum(x["executed"] for x in h)
     assert executed < info["n_iter"] * (36 + 6)
+
+
+def test_gauss_seidel_needs_fewer_block_tasks_than_jacobi(client):
+    # the generator's default kind of graph: links mostly to older nodes, 5% to random ones; and the
+    # same graph renumbered at random (the node order says nothing about the links: the sweep
+    # follows the nodes sorted by the rank they receive)
+    A = gdask.ml.powerlaw_graph(3000, avg_degree=5, seed=0, p_back=0.05)
+    p = np.random.default_rng(7).permutation(3000)
+    B = A[p][:, p].tocsr()
+    ref = reference_pagerank(A)
+    r_gs, gs = gdask.ml.pagerank(A, tol=1e-7, nblocks=4, return_info=True, client=client)
+    r_b, gs_b = gdask.ml.pagerank(B, tol=1e-7, nblocks=4, return_info=True, client=client)
+    r_j, jac = gdask.ml.pagerank(A, tol=1e-7, nblocks=4, method="jacobi", return_info=True, client=client)
+    assert (gs["method"], gs["order"], gs_b["order"], jac["order"]) == ("gauss-seidel", "descending", "in-degree", None)
+    assert gs["converged"] and gs_b["converged"] and jac["converged"]
+    for r in (r_gs, r_b[p.argsort()], r_j):
+        assert np.abs(r - ref).max() < 1e-7
+    # every block task of a sweep runs once at first: 12 products + 4 diagonal solves
+    assert gs["history"][0]["executed_by_prefix"] == {"pagerank-contrib": 12, "pagerank-diag": 4}
+    assert 2 * gs["n_iter"] <= jac["n_iter"] and 2 * gs_b["n_iter"] <= jac["n_iter"]
+    assert 2 * block_tasks(gs) <= block_tasks(jac) and 2 * block_tasks(gs_b) <= block_tasks(jac)
+    # products that read a block kept unchanged on the channel are reused
+    assert sum(x["reused"] for x in gs["history"]) > 0
+    assert block_tasks(gs) < 16 * gs["n_iter"]
+
+
+def test_gauss_seidel_sweeps_along_the_links(client):
+    # a DAG whose links point to lower-numbered nodes: one descending sweep is exact (the second
+    # one only confirms); the same graph with the node order reversed is swept in ascending order
+    A = gdask.ml.powerlaw_graph(2000, avg_degree=5, seed=2, p_back=0.0)
+    rev = np.arange(2000)[::-1]
+    B = A[rev][:, rev].tocsr()
+    r, info = gdask.ml.pagerank(A, tol=1e-9, nblocks=4, return_info=True, client=client)
+    rb, info_b = gdask.ml.pagerank(B, tol=1e-9, nblocks=4, return_info=True, client=client)
+    assert (info["order"], info_b["order"]) == ("descending", "ascending")
+    assert info["n_iter"] == info_b["n_iter"] == 2
+    assert info["history"][-1]["change"] < 1e-12
+    np.testing.assert_allclose(r, reference_pagerank(A), atol=1e-9)
+    np.testing.assert_allclose(rb, r[rev], atol=1e-12)
+
+
+def test_sweep_order():
+    from gdask.ml._pagerank import sweep_order
+
+    A = gdask.ml.powerlaw_graph(2000, avg_degree=5, seed=1, p_back=0.05)
+    assert sweep_order(A) == ("descending", None)
+    rev = np.arange(2000)[::-1]
+    assert sweep_order(A[rev][:, rev]) == ("ascending", None)
+    p = np.random.default_rng(0).permutation(2000)
+    order, perm = sweep_order(A[p][:, p])
+    assert order == "in-degree" and np.array_equal(np.sort(perm), np.arange(2000))
+    # the renumbered graph's links mostly point to higher numbers (sources first)
+    B = A[p][:, p].tocsr()[perm][:, perm].tocoo()
+    assert (B.col > B.row).mean() > 0.9
+    assert sweep_order(sp.csr_matrix((3, 3))) == ("descending", None)  # no links at all
+
+
+def test_diagonal_solve_kernel_alone():
+    # one block, no incoming products: repeated row-by-row sweeps solve the whole system
+    from gdask.ml._pagerank import _diag_solve
+
+    A = gdask.ml.powerlaw_graph(300, avg_degree=4, seed=5, p_back=0.2)
+    out = np.asarray(A.sum(axis=1)).ravel()
+    inv = np.divide(1.0, out, out=np.zeros(300), where=out > 0)
+    y0 = np.full(300, 0.15 / 300)
+    for descending in (True, False):
+        y = _diag_solve(A.T.tocsr(), inv, y0, 0.85, 0.15 / 300, 200, descending)
+        assert np.all(y0 == 0.15 / 300)  # the input block is not modified
+        np.testing.assert_allclose(y / y.sum(), reference_pagerank(A), atol=1e-12)
 
 
 def test_powerlaw_graph_properties():
@@ -77,3 +154,7 @@ def test_pagerank_errors(client):
         gdask.ml.pagerank(sp.csr_matrix((3, 4)), client=client)
     with pytest.raises(ValueError, match="damping"):
         gdask.ml.pagerank(sp.eye(3, format="csr"), damping=1.5, client=client)
+    with pytest.raises(ValueError, match="method"):
+        gdask.ml.pagerank(sp.eye(3, format="csr"), method="power", client=client)
+    with pytest.raises(ValueError, match="inner_sweeps"):
+        gdask.ml.pagerank(sp.eye(3, format="csr"), inner_sweeps=0, client=client)
