@@ -34,10 +34,9 @@ def check_finite(X: GDataSet, what: str = "X") -> None:
 
 
 @contextlib.contextmanager
-def job_scope(est: Any) -> Iterator[Any]:
-    """Run an estimator's fit inside ``gdask.job(...)`` when it asks for a device share
-    (``gpu=`` / ``memory=``), a Client exists, and no enclosing job block runs already."""
-    gpu, memory, name = getattr(est, "gpu", None), getattr(est, "memory", None), getattr(est, "job_name", None)
+def job_scope(gpu: float | None, memory: Any, name: str | None, kind: str) -> Iterator[Any]:
+    """Run a fit inside ``gdask.job(...)`` when it asks for a device share (``gpu=`` /
+    ``memory=``), a Client exists, and no enclosing job block runs already."""
     if gpu is None and memory is None:
         yield None
         return
@@ -54,7 +53,12 @@ def job_scope(est: Any) -> Iterator[Any]:
     if client is None:
         yield None
         return
-    kind = type(est).__name__
     with job(client, gpu=1.0 if gpu is None else gpu, memory=memory,
              name=name or f"{kind.lower()}-{uuid.uuid4().hex[:6]}", kind=kind) as j:
         yield j
+
+
+def estimator_job(est: Any) -> contextlib.AbstractContextManager:
+    """:func:`job_scope` from an estimator's ``gpu``, ``memory`` and ``job_name`` parameters."""
+    return job_scope(getattr(est, "gpu", None), getattr(est, "memory", None), getattr(est, "job_name", None),
+                     type(est).__name__)

@@ -19,7 +19,7 @@ from gdask.gdataset._repr import persisted_futures
 from gdask.ml import _logistic_kernels as _k
 from gdask.ml._input import check_finite as _check_finite
 from gdask.ml._input import is_host_input as _is_host_input
-from gdask.ml._input import job_scope
+from gdask.ml._input import estimator_job
 from gdask.ml._input import module_name as _module
 
 __all__ = ["LogisticRegression"]
@@ -329,7 +329,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
             NaN/inf, wrong shapes, fewer than two classes, continuous targets, bad parameters.
         """
         self._check_params()
-        with job_scope(self):
+        with estimator_job(self):
             return self._fit(X, y, sample_weight)
 
     def _fit(self, X: Any, y: Any, sample_weight: Any) -> LogisticRegression:

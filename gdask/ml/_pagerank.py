@@ -242,7 +242,8 @@ def _make_gs_step(damping: float, sweeps: int, descending: bool):
 
 
 def pagerank(A: Any, *, damping: float = 0.85, tol: float = 1e-6, max_iter: int = 200, nblocks: int | None = None,
-             method: str = "gauss-seidel", inner_sweeps: int = 2, client: Any = None, return_info: bool = False):
+             method: str = "gauss-seidel", inner_sweeps: int = 2, client: Any = None, return_info: bool = False,
+             gpu: float | None = None, memory: Any = None, job_name: str | None = None):
     """PageRank of a directed graph as a delta iteration over a blocked sparse graph.
 
     Same definition as ``networkx.pagerank`` (uniform teleport, dangling nodes' rank spread
@@ -280,6 +281,9 @@ def pagerank(A: Any, *, damping: float = 0.85, tol: float = 1e-6, max_iter: int 
     inner_sweeps : int, default 2
         Gauss-Seidel sweeps over the diagonal block's own edges per block task (``"gauss-seidel"``).
     client : distributed.Client, optional
+    gpu, memory, job_name : optional
+        Run inside ``gdask.job(client, gpu=gpu, memory=memory, name=job_name)`` (a share of a
+        device, see :func:`gdask.job`); default: no share is asked for.
     return_info : bool
         Also return a dict with ``n_iter``, ``converged``, ``history`` (per-iteration tasks
         executed/reused, active blocks), ``block_tasks`` (block tasks per iteration if nothing
@@ -302,6 +306,15 @@ def pagerank(A: Any, *, damping: float = 0.85, tol: float = 1e-6, max_iter: int 
     >>> A = gdask.ml.powerlaw_graph(10_000, seed=0)          # doctest: +SKIP
     >>> r = gdask.ml.pagerank(A, tol=1e-8)                     # doctest: +SKIP
     """
+    from gdask.ml._input import job_scope
+
+    with job_scope(gpu, memory, job_name, "pagerank"):
+        return _pagerank(A, damping=damping, tol=tol, max_iter=max_iter, nblocks=nblocks, method=method,
+                         inner_sweeps=inner_sweeps, client=client, return_info=return_info)
+
+
+def _pagerank(A: Any, *, damping: float, tol: float, max_iter: int, nblocks: int | None, method: str,
+              inner_sweeps: int, client: Any, return_info: bool):
     from gdask.gdataset._iterate import iterate
 
     if not 0 < damping < 1:

@@ -194,6 +194,10 @@ def test_estimators_take_a_share_with_gpu_and_memory_keywords(jc):
     row = jobs(jc).loc["t-lr"]
     assert row["status"] == "done" and row["kind"] == "LogisticRegression" and len(row["devices"]) == 1
     assert shared.get_params()["gpu"] == 0.5
+    A = gdask.ml.powerlaw_graph(2000, seed=0)
+    np.testing.assert_allclose(gdask.ml.pagerank(A, gpu=0.25, memory="4MiB", job_name="t-pr"),
+                               gdask.ml.pagerank(A), atol=1e-9)
+    assert jobs(jc).loc["t-pr", "kind"] == "pagerank"
 
 
 def test_a_plain_dask_cluster_gets_the_job_plugins_on_first_use():
