@@ -12,7 +12,9 @@ in a fixed reduction tree, new centers on the client), one cluster per configura
 
 Emulated devices with a host<->device bandwidth (default 2 GB/s) so that copies cost time as over
 PCIe. Each configuration runs the iterations ``--repeat`` times on its cluster (the fastest run
-counts for time; hit rate and bytes are over all runs). Reports device hit rate (reads served by blocks kept on the device, no copy), bytes moved per
+counts for time, for every configuration alike; hit rate and bytes are over all runs). (d) and (a)
+are open at the same time and take turns run by run, so their time ratio sees the same machine load;
+the table also gives the median of the run-by-run ratios (a)/(d). Reports device hit rate (reads served by blocks kept on the device, no copy), bytes moved per
 pass (h2d + d2h) as a share of the dataset, time per iteration, and checks that every
 configuration's centers are identical to (d)'s.
 
@@ -69,46 +71,95 @@ def kmeans(G, init, iterations, *, scan_mode, hints, client):
     return centers, times
 
 
-def run_config(name, X, init, a, *, store_kwargs, device_memory, scan, hints):
-    import dask
-    from distributed import Client, wait
+class Config:
+    """One configuration's cluster, persisted dataset and runs (open while the benchmark runs)."""
 
-    import gdask
-    from gdask.window_cache import WindowStore, stats
+    def __init__(self, name, X, init, a, *, store_kwargs, device_memory, scan, hints):
+        self.name, self.X, self.init, self.a = name, X, init, a
+        self.store_kwargs, self.device_memory, self.scan, self.hints = store_kwargs, device_memory, scan, hints
+        self.runs = []
 
-    # tasks run where their block is (no stealing, stock placement): the benchmark measures the store
-    with dask.config.set({"distributed.scheduler.work-stealing": False, "gdask.scheduling.placement": False}):
-        with gdask.LocalGPUCluster(n_devices=a.devices, backend="emulated", device_memory=device_memory,
-                                   bandwidth=a.bandwidth, dashboard_address=":0",
-                                   data=(WindowStore, store_kwargs)) as cluster, Client(cluster) as client:
-            client.run(_warm)
+    def __enter__(self):
+        import contextlib
+
+        import dask
+        from distributed import Client, wait
+
+        import gdask
+        from gdask.window_cache import WindowStore, stats
+
+        a = self.a
+        self._stack = stack = contextlib.ExitStack()
+        # tasks run where their block is (no stealing, stock placement): the benchmark measures the store
+        stack.enter_context(dask.config.set({"distributed.scheduler.work-stealing": False,
+                                             "gdask.scheduling.placement": False}))
+        cluster = stack.enter_context(gdask.LocalGPUCluster(
+            n_devices=a.devices, backend="emulated", device_memory=self.device_memory, bandwidth=a.bandwidth,
+            dashboard_address=":0", data=(WindowStore, self.store_kwargs)))
+        self.client = client = stack.enter_context(Client(cluster, set_as_default=False))
+        client.run(_warm)
+        with client.as_current():
             t0 = time.perf_counter()
-            G = gdask.from_array(X, block_rows=a.block_rows).persist()
-            wait(G)
-            t_persist = time.perf_counter() - t0
-            setup = stats(client, reset=True)
-            runs = []
-            for _ in range(a.repeat):  # the same 10 iterations again, from the same initial centers
-                runs.append(kmeans(G, init, a.iterations, scan_mode=scan, hints=hints, client=client))
-            s = stats(client)
-    centers = runs[0][0]
-    assert all(np.array_equal(c, centers) for c, _ in runs)
-    times = min((t for _, t in runs), key=np.mean)
-    passes = a.iterations * a.repeat
-    nb = X.nbytes
-    return {
-        "name": name, "scan": scan + (" + hints" if hints else ""), "centers": centers,
-        "ms_per_iter": 1e3 * float(np.mean(times)), "ms_per_iter_median": 1e3 * float(np.median(times)),
-        "hit_rate": s["hit_rate"], "reads": s["reads"], "hits": s["hits"], "misses": s["misses"],
-        "prefetch_hits": s["prefetch_hits"],
-        "bytes_h2d": s["bytes_h2d"], "bytes_d2h": s["bytes_d2h"],
-        "moved_per_pass": (s["bytes_h2d"] + s["bytes_d2h"]) / passes / nb,
-        "stall_ms_per_iter": 1e3 * s["stall_time"] / passes, "iteration_ms": [1e3 * t for t in times],
-        "persist_s": t_persist, "persist_bytes_d2h": setup["bytes_d2h"],
-        "device_memory": device_memory,
-        "window_bytes_end": s["window_bytes"], "capacity_bytes_end": s["capacity_bytes"],
-        "window_samples": {w: v["window"][-50:] for w, v in s["workers"].items()},
-    }
+            self.G = gdask.from_array(self.X, block_rows=a.block_rows).persist()
+            wait(self.G)
+            self.t_persist = time.perf_counter() - t0
+        self.setup = stats(client, reset=True)
+        return self
+
+    def run(self):
+        """The same iterations again, from the same initial centers."""
+        with self.client.as_current():
+            self.runs.append(kmeans(self.G, self.init, self.a.iterations, scan_mode=self.scan, hints=self.hints,
+                                    client=self.client))
+
+    def __exit__(self, *exc):
+        from gdask.window_cache import stats
+
+        self.stats = stats(self.client)
+        self._stack.close()
+        return False
+
+    def result(self):
+        runs, s, a = self.runs, self.stats, self.a
+        centers = runs[0][0]
+        assert all(np.array_equal(c, centers) for c, _ in runs)
+        times = min((t for _, t in runs), key=np.mean)  # the fastest run: every configuration alike
+        passes = a.iterations * len(runs)
+        nb = self.X.nbytes
+        return {
+            "name": self.name, "scan": self.scan + (" + hints" if self.hints else ""), "centers": centers,
+            "ms_per_iter": 1e3 * float(np.mean(times)), "ms_per_iter_median": 1e3 * float(np.median(times)),
+            "ms_per_iter_runs": [1e3 * float(np.mean(t)) for _, t in runs],
+            "hit_rate": s["hit_rate"], "reads": s["reads"], "hits": s["hits"], "misses": s["misses"],
+            "prefetch_hits": s["prefetch_hits"],
+            "bytes_h2d": s["bytes_h2d"], "bytes_d2h": s["bytes_d2h"],
+            "moved_per_pass": (s["bytes_h2d"] + s["bytes_d2h"]) / passes / nb,
+            "stall_ms_per_iter": 1e3 * s["stall_time"] / passes, "iteration_ms": [1e3 * t for t in times],
+            "persist_s": self.t_persist, "persist_bytes_d2h": self.setup["bytes_d2h"],
+            "device_memory": self.device_memory,
+            "window_bytes_end": s["window_bytes"], "capacity_bytes_end": s["capacity_bytes"],
+            "window_samples": {w: v["window"][-50:] for w, v in s["workers"].items()},
+        }
+
+
+def run_configs(configs, X, init, a):
+    """Run ``configs`` with ``a.repeat`` runs each. The first two ((d) and (a)) are open at the same
+    time and run in turns, (d), (a), (d), (a), ..., so that their time ratio sees the same machine
+    load (this machine is shared); the others run one after the other."""
+    def make(c):
+        name, kw, m, scan, hints = c
+        return Config(name, X, init, a, store_kwargs=kw, device_memory=m, scan=scan, hints=hints)
+
+    pair, rest = [make(c) for c in configs[:2]], [make(c) for c in configs[2:]]
+    with pair[0], pair[1]:
+        for _ in range(a.repeat):
+            for c in pair:
+                c.run()
+    for c in rest:
+        with c:
+            for _ in range(a.repeat):
+                c.run()
+    return [c.result() for c in pair + rest]
 
 
 def main(argv=None):
@@ -124,14 +175,14 @@ def main(argv=None):
     p.add_argument("--reserve", default="0", help="window reserve (bytes or fraction); one block is always kept")
     p.add_argument("--prefetch", type=int, default=2)
     p.add_argument("--repeat", type=int, default=None,
-                   help="runs of the iterations per configuration, the fastest counts (default 2)")
+                   help="runs of the iterations per configuration, the fastest counts (default 3)")
     p.add_argument("--quick", action="store_true", help="small sizes, skips (a')")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     from dask.utils import format_bytes, parse_bytes
 
     mem = parse_bytes(a.device_memory or ("32MiB" if a.quick else "128MiB"))
-    a.repeat = a.repeat or 2
+    a.repeat = a.repeat or 3
     bw = parse_bytes(a.bandwidth)
     block = parse_bytes(a.block_bytes) if a.block_bytes else mem // 64
     row = a.features * 4
@@ -153,9 +204,7 @@ def main(argv=None):
     ]
     if a.quick:
         configs = [c for c in configs if not c[0].startswith("(a')")]
-    results = []
-    for name, kw, m, scan, hints in configs:
-        results.append(run_config(name, X, init, a, store_kwargs=kw, device_memory=m, scan=scan, hints=hints))
+    results = run_configs(configs, X, init, a)
     ref = results[0]
     print(f"\nK-means {n:,} x {a.features} float32 = {format_bytes(X.nbytes)}, K={a.clusters}, {a.iterations} "
           f"iterations, {a.devices} emulated devices x {format_bytes(mem)} (data = {a.data_factor:g}x device "
@@ -172,6 +221,10 @@ def main(argv=None):
         print(f"{r['name']:<28}{r['scan']:<20}{r['hit_rate']:>9.1%}{r['moved_per_pass']:>11.1%}"
               f"{r['ms_per_iter']:>9.1f}{r['ratio_to_d']:>8.2f}{r['stall_ms_per_iter']:>12.1f}{str(same):>10}")
     win = results[1]
+    paired = [x / y for x, y in zip(win["ms_per_iter_runs"], ref["ms_per_iter_runs"])]
+    win["paired_ratio_median"] = float(np.median(paired))
+    print(f"(a)/(d) run by run (taking turns): {', '.join(f'{r:.2f}' for r in paired)}; median "
+          f"{win['paired_ratio_median']:.2f}; (a) stall {win['stall_ms_per_iter']:.1f} ms/iter")
     lru_r = next(r for r in results if r["name"].startswith("(b)"))
     bars = {
         "hit_rate>=45%": win["hit_rate"] >= 0.45,

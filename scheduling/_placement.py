@@ -135,6 +135,7 @@ class DurationModel:
         if not (math.isfinite(seconds) and seconds >= 0):
             raise ValueError(f"seconds must be a finite number >= 0, got {seconds!r}")
         b = size_bucket(nbytes)
+        u = float(nbytes) if nbytes > 0 else 1.0  # cells hold seconds per input byte
         self._seen.setdefault(device, None)
         if self.warmup:
             seen = self._warm.get((kind, device), 0)
@@ -145,7 +146,7 @@ class DurationModel:
         if cell is None:
             cell = self._cells[(kind, b, device)] = _Ewma()
             self._kind_buckets.setdefault(kind, set()).add(b)
-        cell.add(seconds, self.alpha)
+        cell.add(seconds / u, self.alpha)
         if out_nbytes is not None:
             self._out_bytes.setdefault(kind, _Ewma()).add(float(out_nbytes), self.alpha)
         if seconds <= 0:
@@ -158,10 +159,10 @@ class DurationModel:
             sp = self._speed.get(device)
             if sp is None:
                 sp = self._speed[device] = _Ratio()
-            sp.add(work.value, seconds, self.alpha)
-        w = work.add(seconds * self.speed(device), self.alpha)
+            sp.add(work.value * u, seconds, self.alpha)
+        w = work.add(seconds * self.speed(device) / u, self.alpha)
         if nbytes > 0:
-            self._spb.add(w / nbytes, self.alpha)
+            self._spb.add(w, self.alpha)
 
     # -- decisions ------------------------------------------------------------------------------
     def speed(self, device: Hashable) -> float:
@@ -190,16 +191,18 @@ class DurationModel:
     def work(self, kind: Hashable, nbytes: float) -> float:
         """Seconds a task of ``kind`` takes at speed 1 (nearest size class scaled by size)."""
         b = size_bucket(nbytes)
+        u = float(nbytes) if nbytes > 0 else 1.0
         w = self._work.get((kind, b))
         if w is not None:
-            return w.value
+            return w.value * u
         buckets = self._kind_buckets.get(kind)
         if buckets:
             near = min(buckets, key=lambda x: (abs(x - b), x))
             w = self._work.get((kind, near))
             if w is not None:
-                scale = 2.0 ** (b - near) if b and near else 1.0
-                return w.value * scale
+                if near == 0:  # measured only without input bytes: seconds per task
+                    return w.value
+                return w.value * (u if b else 2.0 ** (near - 1))
             # measured, but only with zero duration
             return 0.0
         return self.default
@@ -208,7 +211,7 @@ class DurationModel:
         """Predicted seconds for a task of ``kind`` with ``nbytes`` of input on ``device``."""
         cell = self._cells.get((kind, size_bucket(nbytes), device))
         if cell is not None:
-            return cell.value
+            return cell.value * (float(nbytes) if nbytes > 0 else 1.0)
         return self.work(kind, nbytes) / self.speed(device)
 
     def output_nbytes(self, kind: Hashable, default: float = 0.0) -> float:

@@ -233,7 +233,10 @@ class GPUPlacement(SchedulerPlugin):
             if not (is_gpu_task(ts) or ts.key in pinned
                     or any(d.key in level or d.key in pinned for d in ts.dependencies)):
                 continue
-            level[ts.key] = 1 + max((level[d.key] for d in ts.dependencies if d.key in level), default=-1)
+            # data already in memory has no depth: a task's level must not depend on how the
+            # scheduler's priorities of old and new keys happen to compare
+            level[ts.key] = (1 + max((level[d.key] for d in ts.dependencies if d.key in level), default=-1)
+                             if ts.state in _PLACEABLE else -1)
             if ts.state in _PLACEABLE:
                 if (ts.worker_restrictions or ts.host_restrictions) and ts.key not in pinned:
                     continue  # the user's restrictions win
@@ -247,7 +250,9 @@ class GPUPlacement(SchedulerPlugin):
             self._refresh(ws)
         # level by level (all block tasks, then their combines, ...): a combine is placed knowing
         # when and where every one of its inputs is predicted to be ready
-        gpu.sort(key=lambda t: level[t.key])
+        # largest inputs first within a level (LPT list scheduling): a few big grouped tasks placed
+        # in key order let a small one take the idle fast device that a big one needs
+        gpu.sort(key=lambda t: (level[t.key], -sum(max(d.nbytes, 0) for d in t.dependencies)))
         sources: dict[str, list] = defaultdict(list)
         planned: dict[Any, tuple[str, float]] = {}  # key -> (address, predicted finish)
         for ts in gpu:
@@ -402,30 +407,65 @@ class GPUPlacement(SchedulerPlugin):
             if not moves:
                 return
             self.last_moves = [(str(k), h, t) for k, h, t in moves]
-            s = self.scheduler
-            by_dest: dict[str, dict[Any, list[str]]] = defaultdict(dict)
+            by_dest: dict[str, list[tuple[Any, list[str]]]] = defaultdict(list)
             for key, holders, dst in moves:
-                if dst not in holders:
-                    by_dest[dst][key] = list(holders)
-            failed = await asyncio.gather(*[s.gather_on_worker(d, w) for d, w in by_dest.items()])
-            bad = set().union(*failed) if failed else set()
-            by_src: dict[str, list] = defaultdict(list)
-            moved = 0
-            for key, holders, dst in moves:
-                ts = s.tasks.get(key)
-                if key in bad or ts is None or ts.waiters:
-                    continue  # keep the old copies: a task is about to read them
-                if dst in {ws.address for ws in ts.who_has or ()}:
-                    moved += dst not in holders
-                    for h in holders:
-                        if h != dst:
-                            by_src[h].append(key)
+                by_dest[dst].append((key, list(holders)))
             stim = f"gdask-rebalance-{time.time()}"
-            await asyncio.gather(*[s.delete_worker_data(a, ks, stim) for a, ks in by_src.items()])
+            done = await asyncio.gather(*[self._move_to(d, blocks) for d, blocks in by_dest.items()])
+            by_src: dict[str, list] = defaultdict(list)
+            for drop in done:
+                for addr, keys in drop.items():
+                    if addr is not None:
+                        by_src[addr].extend(keys)
+            await asyncio.gather(*[self._free_on_worker(a, ks, stim) for a, ks in by_src.items()])
+            moved = sum(len(drop.get(None, ())) for drop in done)
             self.moves += moved
             logger.info("gdask: rebalanced %d blocks", moved)
         except Exception:  # noqa: BLE001 - a failed move leaves data where it was; log it loudly
             logger.exception("gdask: block rebalancing failed")
+
+    async def _move_to(self, dst: str, blocks: list[tuple[Any, list[str]]]) -> dict[Any, list]:
+        """Copy ``blocks`` (``(key, holders)``) to ``dst``, then drop their other copies from the
+        scheduler's state in the same step as the new copies became known, so a client asking where
+        the blocks are (``block_groups``, the next iteration's graph) never sees a block on two
+        workers, nor on a worker about to free it. Returns ``{old holder: keys}`` for the workers
+        to free, and under ``None`` the keys that moved."""
+        s = self.scheduler
+        fetch = {key: holders for key, holders in blocks if dst not in holders}
+        failed = await s.gather_on_worker(dst, fetch) if fetch else set()
+        # no await from here on: this runs in the step in which gather_on_worker recorded the copies
+        drop: dict[Any, list] = defaultdict(list)
+        for key, holders in blocks:
+            ts = s.tasks.get(key)
+            if key in failed or ts is None or ts.waiters:
+                continue  # keep the old copies: a task is about to read them
+            if dst in {ws.address for ws in ts.who_has or ()}:
+                if key in fetch:
+                    drop[None].append(key)
+                for h in holders:
+                    if h != dst:
+                        drop[h].append(key)
+        self._drop_replicas({a: ks for a, ks in drop.items() if a is not None})
+        return drop
+
+    def _drop_replicas(self, by_src: dict[str, list]) -> None:
+        """Remove the copies ``{worker: keys}`` from the scheduler's state (each key keeps another)."""
+        s = self.scheduler
+        for addr, keys in by_src.items():
+            ws = s.workers.get(addr)
+            if ws is None:
+                continue
+            for key in keys:
+                ts = s.tasks.get(key)
+                if ts is not None and ts.state == "memory" and ws in (ts.who_has or ()) and len(ts.who_has) > 1:
+                    s.remove_replica(ts, ws)
+
+    async def _free_on_worker(self, addr: str, keys: list, stimulus_id: str) -> None:
+        """Ask a worker to free copies the scheduler no longer counts (see :meth:`_drop_replicas`)."""
+        try:
+            await self.scheduler.rpc(addr=addr).free_keys(keys=list(keys), stimulus_id=stimulus_id)
+        except OSError as e:  # the worker is leaving: its copies go with it
+            logger.warning("gdask: could not free moved blocks on %s: %s", addr, e)
 
     # -- RPC handlers ---------------------------------------------------------------------------
     def placement_stats(self) -> dict[str, dict[str, Any]]:

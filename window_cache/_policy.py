@@ -143,6 +143,23 @@ class ScanOrder:
         p = pred_pos.get(key)
         return math.inf if p is None else float(max(0, p - cursor))
 
+    def next_uses(self, keys: Iterable[Key]) -> list[float]:
+        """:meth:`next_use` of each of ``keys`` (one plan lookup for all: eviction asks for every
+        block on the device at once)."""
+        pred, pred_pos, _, next_pos = self._plan()
+        cursor = len(self._current)
+        rest = len(pred) - cursor
+        seen = self._seen
+        inf = math.inf
+        out = []
+        for key in keys:
+            if key in seen:
+                out.append(rest + next_pos.get(key, inf))
+            else:
+                p = pred_pos.get(key)
+                out.append(inf if p is None else float(p - cursor if p > cursor else 0))
+        return out
+
     def upcoming(self, n: int) -> list[Key]:
         """The next ``n`` predicted reads (amortised O(n))."""
         pred, _, nxt, _ = self._plan()
@@ -240,17 +257,35 @@ class FurthestInFuture:
         With ``before``, only blocks whose next use is strictly later qualify (a prefetch never
         evicts a block needed sooner than the one it loads). May cover less than ``need``.
         """
-        nu = self.order.next_use
-        cand = [(nu(k), -self.cost(k, n), k) for k, n in resident.items()]
-        if before is not None:
-            cand = [c for c in cand if c[0] > before]
-        cand.sort(key=lambda c: (c[0], c[1]), reverse=True)
+        if need <= 0 or not resident:
+            return []
+        keys = list(resident)
+        uses = self.order.next_uses(keys)
+        cost = self.cost
+        # furthest next use first, then the cheapest to bring back, then the first stored
+        cand = [(u, -i) for i, u in enumerate(uses) if before is None or u > before]
         out, got = [], 0
-        for _, _, k in cand:
-            if got >= need:
-                break
+
+        def take(i: int) -> None:
+            nonlocal got
+            k = keys[i]
             out.append(k)
             got += resident[k]
+
+        for _ in range(8):  # usually one or two victims: the furthest, without sorting them all
+            if not cand or got >= need:
+                return out
+            top = max(cand)
+            ties = [c for c in cand if c[0] == top[0]]
+            if len(ties) > 1:  # the cost only breaks ties: asked for the tied blocks only
+                top = max(ties, key=lambda c: (-cost(keys[-c[1]], resident[keys[-c[1]]]), c[1]))
+            cand.remove(top)
+            take(-top[1])
+        rest = sorted(((u, -cost(keys[-m], resident[keys[-m]]), m) for u, m in cand), reverse=True)
+        for _, _, m in rest:
+            if got >= need:
+                break
+            take(-m)
         return out
 
     def prefetch(self, is_on_device: Callable[[Key], bool]) -> list[tuple[Key, float]]:

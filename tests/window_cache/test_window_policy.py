@@ -85,6 +85,39 @@ def test_furthest_in_future_victims_and_before():
     assert pol.prefetch(lambda k: k in resident) == [("d", 1.0)]  # c next (resident), then d
 
 
+def test_victims_match_a_full_sort_of_next_uses():
+    """The batched, partial selection picks what sorting every block by (next use, -cost, order)
+    picks, for one victim and for many, with and without ``before``."""
+    import random
+
+    rng = random.Random(0)
+    for trial in range(40):
+        p = FurthestInFuture(cost=lambda k, n: float(n))
+        keys = [f"b{i}" for i in range(rng.randint(1, 40))]
+        for k in keys:
+            p.on_insert(k)
+        for k in rng.sample(keys, rng.randint(0, len(keys))):  # part of a pass read
+            p.on_read(k)
+        if trial % 3 == 0:
+            p.hint(rng.sample(keys, len(keys) // 2))  # some keys never predicted: inf
+        resident = {k: rng.choice([1, 2, 2, 3]) for k in rng.sample(keys, rng.randint(1, len(keys)))}
+        need = rng.randint(1, 2 * sum(resident.values()))
+        before = rng.choice([None, None, float(rng.randint(0, len(keys)))])
+        order = list(resident)
+        ranked = sorted(((p.order.next_use(k), -float(resident[k]), -i, k) for i, k in enumerate(order)),
+                        reverse=True)
+        expect, got = [], 0
+        for u, _, _, k in ranked:
+            if got >= need:
+                break
+            if before is not None and not u > before:
+                continue
+            expect.append(k)
+            got += resident[k]
+        assert p.victims(resident, need, before=before) == expect
+        assert p.order.next_uses(order) == [p.order.next_use(k) for k in order]
+
+
 def test_furthest_in_future_prefetch_lists_missing_blocks():
     o = make_order("abcd")
     pol = FurthestInFuture(o, lookahead=3)
