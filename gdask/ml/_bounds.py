@@ -11,11 +11,12 @@ so an iteration late in a fit touches a few bytes per row instead of the whole b
 The state lives in the worker process that holds the block, in :data:`_STATES`, keyed by a fit
 token and the block array itself (checked by identity through a weak reference). It is a cache:
 a block whose state is missing (first iteration, block moved to another worker, worker restarted)
-is simply computed in full, with the same result. :func:`bounds_assign` ends a fit and frees it.
+is simply computed in full, with the same result. :func:`bounds_labels` ends a fit and frees it.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from collections import OrderedDict
@@ -29,12 +30,15 @@ from gdask.gdataset._blocks import array_module
 from gdask.ml import _kernels
 
 #: when more than this fraction of a block's rows must be looked at again (early iterations, when
-#: centers move a lot), a full tiled pass that rebuilds the bounds is cheaper than row by row
+#: centers move a lot), a full tiled pass that rebuilds the bounds is cheaper than row by row: the
+#: step gives up as soon as it has met that many
 FULL_PASS_FRACTION = 0.2
 
 #: fits whose states a process keeps at most (older fits' states are dropped: a fit that was
 #: interrupted never frees its own)
 MAX_FITS = 4
+
+logger = logging.getLogger("gdask.ml")
 
 _lock = threading.Lock()
 _STATES: OrderedDict[str, dict[int, BlockBounds]] = OrderedDict()
@@ -46,12 +50,13 @@ class BlockBounds:
 
     ref: Any  # weakref to the block
     centers: Any  # (k, d) float64, the centers the bounds and labels refer to
-    labels: Any  # (n,) int64
+    labels: Any  # (n,) int32
     upper: Any  # (n,) float64
     lower: Any  # (n,) float64
     sums: Any  # (k, d) float64
     counts: Any  # (k,) float64
     far: Any = None  # after a full pass: (squared distances, rows, labels) of the farthest rows
+    sxx: float = float("nan")  # sum_i w_i |x_i|^2 in float64, from the full pass (for the inertia at the end)
 
 
 def _get(token: str, blk: Any) -> BlockBounds | None:
@@ -100,7 +105,17 @@ def free(token: str) -> None:
         client = default_client()
     except ValueError:  # no client: everything ran in this process
         return
-    client.run(_drop_async, token, wait=False)  # distributed runs only coroutines without waiting
+    try:  # on the client's event loop, so the caller does not wait for the broadcast's round trip
+        client.loop.add_callback(_drop_everywhere, client, token)
+    except (AttributeError, RuntimeError) as e:  # a client without a running loop (closing)
+        logger.debug("could not drop K-means bounds %s on the workers: %r", token, e)
+
+
+async def _drop_everywhere(client: Any, token: str) -> None:
+    try:  # distributed runs only coroutines without waiting
+        await client._run(_drop_async, token, wait=False, on_error="ignore")
+    except Exception as e:  # e.g. the client closed meanwhile: the states go with the workers or MAX_FITS
+        logger.debug("could not drop K-means bounds %s on the workers: %r", token, e)
 
 
 async def _drop_async(token: str) -> int:
@@ -126,21 +141,29 @@ def _center_geometry(centers: np.ndarray, old: np.ndarray) -> tuple[np.ndarray, 
     return drift, half, m1, d1, d2, cc
 
 
-_STEP_TILE = 256
+#: rows per tile of a bounds step, at most: the rows that fail their bounds are gathered feature by
+#: feature, and long tiles make each feature's reads one long forward stream that the hardware
+#: prefetches (short ones jump between features every few cache lines); capped so the gathered
+#: rows (float64) take at most ``_STEP_BUFFER`` bytes
+_STEP_TILE = 4096
+_STEP_BUFFER = 1 << 20
 
 
 @njit(nogil=True, fastmath={"reassoc", "contract"}, cache=True)
-def _hamerly_numba(xt, w, cf, labels, upper, lower, sums, counts, drift, half, m1, d1, d2, cc):  # pragma: no cover - compiled
+def _hamerly_numba(xt, w, cf, labels, upper, lower, sums, counts, drift, half, m1, d1, d2, cc, limit):  # pragma: no cover - compiled
+    """One bounds step; ``looked`` > ``limit`` rows failing their bounds aborts it (returns changed = -1,
+    the state is then half moved and must be rebuilt by a full pass)."""
     d, n = xt.shape
     k = cf.shape[0]
     weighted = w.shape[0] > 0
     changed = 0
     looked = 0
-    idx = np.empty(_STEP_TILE, np.int64)
-    zt = np.empty(_STEP_TILE, np.float64)
-    xb = np.empty((_STEP_TILE, d), np.float64)
-    for i0 in range(0, n, _STEP_TILE):
-        m = min(_STEP_TILE, n - i0)
+    tile = max(64, min(_STEP_TILE, _STEP_BUFFER // (8 * max(d, 1))))
+    idx = np.empty(tile, np.int64)
+    zt = np.empty(tile, np.float64)
+    xb = np.empty((tile, d), np.float64)
+    for i0 in range(0, n, tile):
+        m = min(tile, n - i0)
         cnt = 0
         for i in range(i0, i0 + m):  # move the bounds by the drift; keep the rows they no longer settle
             a = labels[i]
@@ -156,6 +179,8 @@ def _hamerly_numba(xt, w, cf, labels, upper, lower, sums, counts, drift, half, m
         if cnt == 0:
             continue
         looked += cnt
+        if looked > limit:  # most rows fail their bounds: a full pass is cheaper than this step
+            return -1, looked
         # gather those rows feature by feature: the block is feature-major, so each feature's part
         # of the tile is one short contiguous read instead of d scattered loads per row
         for j in range(d):
@@ -216,17 +241,6 @@ def _hamerly_numba(xt, w, cf, labels, upper, lower, sums, counts, drift, half, m
 
 
 @njit(nogil=True, cache=True)
-def _candidates(labels, upper, lower, drift, half, m1, d1, d2):  # pragma: no cover - compiled
-    """Rows whose bounds no longer prove their label (a cheap pass over the bounds only)."""
-    count = 0
-    for i in range(labels.shape[0]):
-        a = labels[i]
-        lo = lower[i] - (d2 if a == m1 else d1)
-        count += upper[i] + drift[a] > max(lo, half[a])
-    return count
-
-
-@njit(nogil=True, cache=True)
 def _assigned_sqdist(xt, cf, labels, out):  # pragma: no cover - compiled
     d, n = xt.shape
     for i in range(n):
@@ -246,15 +260,18 @@ def _first_pass(blk: Any, cf: np.ndarray, w: Any) -> BlockBounds:
     k = cf.shape[0]
     ww = None if w is None else xp.asarray(w, dtype=xp.float64)
     if xp is np:
-        labels = np.empty(n, np.int64)
-        ul = np.empty((2, n), np.float64)
+        # labels and both bounds in one allocation: from 4 MiB NumPy asks for huge pages, which
+        # saves most of the page faults of first touching a new state (a few ms per block)
+        buf = np.empty(2 * n + (n + 1) // 2, np.float64)
+        ul = buf[:2 * n].reshape(2, n)
+        labels = buf[2 * n:].view(np.int32)[:n]
         sums = np.zeros((k, d), np.float64)
         counts = np.zeros(k, np.float64)
         q = min(_kernels.N_FARTHEST, n)  # the farthest rows, for empty clusters (as lloyd_partial)
         topv, topi, topl = np.full(q, -1.0), np.zeros(q, np.int64), np.zeros(q, np.int64)
-        _kernels._lloyd_numba(blk.T, _kernels._NO_WEIGHTS if ww is None else np.ascontiguousarray(ww),
-                              np.ascontiguousarray(cf, dtype=blk.dtype), sums, counts, labels, labels, False,
-                              topv, topi, topl, ul)
+        _, sxx = _kernels._lloyd_numba(blk.T, _kernels._NO_WEIGHTS if ww is None else np.ascontiguousarray(ww),
+                                       np.ascontiguousarray(cf, dtype=blk.dtype), sums, counts, labels, labels,
+                                       False, topv, topi, topl, ul)
         upper, lower = ul[0], ul[1]
         keep = topv >= 0
         far = (topv[keep], topi[keep], topl[keep])
@@ -274,8 +291,9 @@ def _first_pass(blk: Any, cf: np.ndarray, w: Any) -> BlockBounds:
         counts = xp.bincount(labels, weights=ww, minlength=k).astype(xp.float64)
         top = xp.argsort(-upper)[:min(_kernels.N_FARTHEST, n)]
         far = (_to_np(upper[top] ** 2), _to_np(top), _to_np(labels[top]))
-    return BlockBounds(weakref.ref(blk), xp.asarray(cf), xp.asarray(labels, dtype=xp.int64), upper, lower, sums,
-                       counts, far)
+        sxx = float(xn.sum() if ww is None else xn @ ww)
+    return BlockBounds(weakref.ref(blk), xp.asarray(cf), xp.asarray(labels, dtype=xp.int32), upper, lower, sums,
+                       counts, far, sxx)
 
 
 def _scatter_add(xp: Any, sums: Any, labels: Any, rows: Any) -> None:
@@ -351,23 +369,24 @@ def _update_state(blk: Any, centers: Any, token: str, w: Any) -> tuple[BlockBoun
     cf = np.asarray(_to_np(centers), dtype=np.float64)
     st = _get(token, blk)
     full = st is None or st.labels.shape[0] != blk.shape[0] or st.centers.shape != cf.shape
-    if not full and array_module(blk) is np:
-        drift, half, m1, d1, d2, cc = _center_geometry(cf, st.centers)
-        full = _candidates(st.labels, st.upper, st.lower, drift, half, m1, d1, d2) > FULL_PASS_FRACTION * blk.shape[0]
+    changed = 0
+    if not full:
+        if array_module(blk) is np:  # the step gives up once too many rows fail their bounds
+            drift, half, m1, d1, d2, cc = _center_geometry(cf, st.centers)
+            wv = _kernels._NO_WEIGHTS if w is None else np.ascontiguousarray(w, dtype=np.float64)
+            changed, _ = _hamerly_numba(blk.T, wv, cf, st.labels, st.upper, st.lower, st.sums, st.counts,
+                                        drift, half, m1, d1, d2, cc, int(FULL_PASS_FRACTION * blk.shape[0]))
+            full = changed < 0
+        else:
+            changed = _step_xp(blk, cf, st, w)
+        if not full:
+            st.far = None  # a step computes no exact distances for most rows
+            st.centers = cf if array_module(blk) is np else array_module(blk).asarray(cf)
     if full:
         old = None if st is None else st.labels
         st = _first_pass(blk, cf, w)
         _charge(st)
         changed = blk.shape[0] if old is None or old.shape != st.labels.shape else int((old != st.labels).sum())
-    else:
-        if array_module(blk) is np:
-            wv = _kernels._NO_WEIGHTS if w is None else np.ascontiguousarray(w, dtype=np.float64)
-            changed, _ = _hamerly_numba(blk.T, wv, cf, st.labels, st.upper, st.lower, st.sums, st.counts,
-                                        drift, half, m1, d1, d2, cc)
-        else:
-            changed = _step_xp(blk, cf, st, w)
-        st.far = None  # a step computes no exact distances for most rows
-        st.centers = cf if array_module(blk) is np else array_module(blk).asarray(cf)
     _put(token, blk, st)
     return st, changed
 
@@ -388,18 +407,49 @@ def bounds_partial(blk: Any, centers: Any, token: str, w: Any = None) -> dict[st
             "far_w": np.ones(idx.size) if w is None else _to_np(w)[idx].astype(np.float64)}
 
 
-def bounds_assign(blk: Any, centers: Any, token: str, w: Any = None) -> tuple[Any, Any]:
-    """Labels (int32) and exact squared distances for ``centers`` from the block's bounds; ends the
-    fit for this block (its state is freed)."""
+#: the inertia from per-cluster sums (:func:`bounds_labels`) is used while it keeps at least this
+#: fraction of the magnitude of the terms it is the difference of (it then loses at most ~3 of
+#: float64's ~16 digits); below, an exact pass over the block computes it
+CANCELLATION_LIMIT = 1e-3
+
+
+def _inertia_from_sums(st: BlockBounds) -> float | None:
+    """``sum_i w_i |x_i - c_{label_i}|^2`` from the state's per-cluster sums: ``sum w|x|^2
+    - 2 sum_c c . S_c + sum_c W_c |c|^2`` (float64). ``None`` when it cancels too badly to be
+    trusted (e.g. data far from the origin against its spread, or an inertia of about zero)."""
+    c = _to_np(st.centers)
+    cs = (c * _to_np(st.sums)).sum(1)
+    cc = _to_np(st.counts) * (c * c).sum(1)
+    value = st.sxx - 2.0 * cs.sum() + cc.sum()
+    magnitude = st.sxx + 2.0 * np.abs(cs).sum() + cc.sum()
+    if not np.isfinite(value) or value <= CANCELLATION_LIMIT * magnitude:
+        return None
+    return float(value)
+
+
+def bounds_labels(blk: Any, centers: Any, token: str, w: Any = None) -> tuple[Any, float]:
+    """Labels (int32) for ``centers`` and the block's inertia (the sum of ``w`` times the squared
+    distance of each row to its center), from the block's bounds; ends the fit for this block (its
+    state is freed). The inertia comes from the per-cluster sums the bounds keep (``sum w |x|^2``
+    came with the full pass that built them) instead of a distance per row, unless that cancels
+    badly."""
     st, _ = _update(blk, centers, token, w)
     _pop(token, blk)
     if st is None:
-        return _kernels.assign(blk, centers)
-    xp = array_module(blk)
-    if xp is np:
-        mind = np.empty(blk.shape[0], np.float64)
-        _assigned_sqdist(blk.T, st.centers, st.labels, mind)
-    else:
-        diff = blk.astype(xp.float64) - st.centers[st.labels]
-        mind = (diff * diff).sum(1)
-    return st.labels.astype(np.int32), mind
+        labels, mind = _kernels.assign(blk, centers)
+        return labels, _weighted_total(mind, w)
+    inertia = _inertia_from_sums(st)
+    if inertia is None:
+        xp = array_module(blk)
+        if xp is np:
+            mind = np.empty(blk.shape[0], np.float64)
+            _assigned_sqdist(blk.T, st.centers, st.labels, mind)
+        else:
+            diff = blk.astype(xp.float64) - st.centers[st.labels]
+            mind = (diff * diff).sum(1)
+        inertia = _weighted_total(mind, w)
+    return st.labels, inertia
+
+
+def _weighted_total(values: Any, w: Any) -> float:
+    return float(values.sum() if w is None else (values * w).sum())

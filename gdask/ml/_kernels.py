@@ -42,8 +42,9 @@ def _lloyd_numba(xt, w, centers, sums, counts, labels, rowd, want_rows, topv, to
     lab = np.empty(_TILE, np.int64)
     mind = np.empty(_TILE, xt.dtype)
     mind2 = np.empty(_TILE if want_sec else 0, xt.dtype)
-    xn = np.empty(_TILE, xt.dtype)
+    xn = np.empty(_TILE, np.float64)  # |x|^2 in float64: exact products, and sum_i w_i |x_i|^2 for the bounds
     inertia = 0.0
+    sxx = 0.0
     for i0 in range(0, n, _TILE):
         m = min(_TILE, n - i0)
         for c in range(k):
@@ -114,13 +115,20 @@ def _lloyd_numba(xt, w, centers, sums, counts, labels, rowd, want_rows, topv, to
             for j in range(d):
                 xr = xt[j, i0:i0 + m]
                 for i in range(m):
-                    xn[i] += xr[i] * xr[i]
+                    v = np.float64(xr[i])
+                    xn[i] += v * v
         if want_sec:  # bounds, vectorised over the tile's rows
             for i in range(m):
                 e = marg * (np.sqrt(xn[i]) + cmax) ** 2
                 sec[0, i0 + i] = np.sqrt(max(xn[i] + mind[i], 0.0) + e)
                 sec[1, i0 + i] = np.sqrt(max(xn[i] + mind2[i] - e, 0.0))
                 labels[i0 + i] = lab[i]
+            if weighted:
+                for i in range(m):
+                    sxx += w[i0 + i] * xn[i]
+            else:
+                for i in range(m):
+                    sxx += xn[i]
         # row-major scatter: consecutive adds hit different features, so no dependency chain
         for i in range(m):
             li = lab[i]
@@ -157,7 +165,7 @@ def _lloyd_numba(xt, w, centers, sums, counts, labels, rowd, want_rows, topv, to
                 thr = topv[0]
                 for t in range(1, q):
                     thr = min(thr, topv[t])
-    return inertia
+    return inertia, sxx
 
 
 def _is_cupy(x) -> bool:
@@ -205,7 +213,7 @@ def lloyd_partial(blk, centers, w=None):
     topi = np.zeros(q, np.int64)
     topl = np.zeros(q, np.int64)
     wv = _NO_WEIGHTS if w is None else np.ascontiguousarray(w, dtype=np.float64)
-    inertia = _lloyd_numba(blk.T, wv, c, sums, counts, topi, topv, False, topv, topi, topl, _NO_SEC)
+    inertia, _ = _lloyd_numba(blk.T, wv, c, sums, counts, topi, topv, False, topv, topi, topl, _NO_SEC)
     keep = topv >= 0
     idx = topi[keep]
     return {"sums": sums, "counts": counts, "inertia": inertia, "far_d": topv[keep], "far_label": topl[keep],

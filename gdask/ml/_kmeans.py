@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import numbers
 import time
 import uuid
@@ -24,6 +25,10 @@ from gdask.ml._input import is_host_input as _is_host_input
 logger = logging.getLogger("gdask.ml")
 
 __all__ = ["KMeans"]
+
+#: a center's largest squared move falling below this fraction of the previous iteration's (its
+#: move below half the previous one) counts as settling: that pass builds the bounds
+_SETTLING = 0.25
 
 
 def _weighted_kmeanspp(points: np.ndarray, weights: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -127,7 +132,9 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
 
     Attributes
     ----------
-    cluster_centers_, labels_, inertia_, n_iter_, n_features_in_, iteration_times_
+    cluster_centers_, labels_, inertia_, n_iter_, n_features_in_
+    iteration_times_ : list of float
+        Seconds per iteration (without the set-up and the final labels pass).
     """
 
     def __init__(self, n_clusters: int = 8, *, init: Any = "k-means||", max_iter: int = 300, tol: float = 1e-4,
@@ -301,6 +308,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         # bounds live with the blocks on the workers, under a key of this fit (freed by the final pass)
         targs = (uuid.uuid4().hex,) if bounds else ()
         settled = False  # centers move less than the bounds can absorb: bounds pay from here on
+        last_move = 0.0  # the largest squared move of a center in the previous iteration (none yet)
         times = []
         for it in range(self.max_iter):
             t0 = time.perf_counter()
@@ -313,25 +321,23 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
 
                 with window_cache.scan(G.__dask_keys__(), it):
                     part = G.reduce_blocks(chunk, _kernels.lloyd_combine, centers, *wargs, name="lloyd")
-                parts = (part.compute(),)
+                stats = part.compute()
             else:
-                parts = dask.compute(*G.reduce_groups(chunk, _kernels.lloyd_combine, centers, *cargs, *wargs,
-                                                      groups=groups, name="lloyd"))
-            stats = _kernels.lloyd_combine(list(parts))
-            sums, counts, inertia = stats["sums"], stats["counts"], stats["inertia"]
-            if not np.isfinite(sums).all():  # every row is in some sum: NaN/inf in X show up here
+                stats = _kernels.lloyd_combine(list(dask.compute(*G.reduce_groups(
+                    chunk, _kernels.lloyd_combine, centers, *cargs, *wargs, groups=groups, name="lloyd"))))
+            inertia = stats["inertia"]
+            if not np.isfinite(stats["sums"]).all():  # every row is in some sum: NaN/inf in X show up here
                 _check_finite(G)
                 raise ValueError("K-means sums overflowed float64; scale the data down")
-            empty = np.nonzero(counts == 0)[0]
-            if empty.size:
-                sums, counts = self._relocate(G, W, centers, empty, sums.copy(), counts.copy(), stats)
-            new = centers.astype(np.float64).copy()
-            nz = counts > 0
-            new[nz] = sums[nz] / counts[nz, None]
-            new = new.astype(G.dtype)
+            new = _next_centers(stats, centers, G.dtype)
+            if new is None:  # more empty clusters than the pass reported rows for: a pass for those
+                new = _next_centers(stats, centers, G.dtype, self._farthest(G, W, centers, stats))
             moves = ((new.astype(np.float64) - centers) ** 2).sum(1)
             shift = float(moves.sum())
-            settled = bounds and _settled(new, moves)
+            # a center's largest move falling below half the previous one bets on settling: that pass
+            # builds the bounds (a little dearer than Lloyd's), so the next one can step on them
+            settled = bounds and (_settled(new, moves) or float(moves.max()) < _SETTLING * last_move)
+            last_move = float(moves.max())
             centers = new
             times.append(time.perf_counter() - t0)
             if self.verbose:
@@ -345,44 +351,37 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         self.n_iter_ = it + 1
         self.iteration_times_ = times
         self.cluster_centers_ = centers if kind != "cupy" else _xp_from_host(centers)
-        labels, mind = self._assign(G, centers, groups, targs)
+        # the labels for the final centers: from the bounds when the last iteration stepped on them
+        labels, self.inertia_ = self._final_pass(G, centers, groups, cargs, wargs)
         if bounds:
             _bounds.free(targs[0])
         self.labels_ = labels if kind != "cupy" else _xp_from_host(labels)
-        self.inertia_ = _weighted_sum(mind, w)
         return self
 
-    def _relocate(self, G: GDataSet, W: GDataSet | None, centers: np.ndarray, empty: np.ndarray,
-                  sums: np.ndarray, counts: np.ndarray, stats: dict) -> tuple[np.ndarray, np.ndarray]:
-        """Empty clusters take the points farthest from their centers, which leave their old
-        clusters (scikit-learn's rule). The Lloyd pass already reported the farthest rows; only
-        more empty clusters than that at once take another pass, in which each block reports its
-        farthest rows."""
-        m = empty.size
-        if m <= len(stats["far_d"]):
-            dists, labels, rows, ws = (stats[k] for k in ("far_d", "far_label", "far_rows", "far_w"))
-        else:
-            parts = dask.compute(*[dask.delayed(_farthest_rows)(G.block(b), centers, m,
-                                                                None if W is None else W.block(b))
-                                   for b in range(G.nblocks)])
-            dists, labels, rows, ws = (np.concatenate([p[i] for p in parts], axis=0) for i in range(4))
-        rows = rows.astype(np.float64)
-        order = np.argsort(-dists, kind="stable")[:m]
-        for new_c, j in zip(empty, order):
-            old_c = labels[j]
-            sums[old_c] -= ws[j] * rows[j]
-            counts[old_c] -= ws[j]
-            sums[new_c] = ws[j] * rows[j]
-            counts[new_c] = ws[j]
-        return sums, counts
+    def _final_pass(self, G: GDataSet, centers: np.ndarray, groups: list | None, bounds: tuple,
+                    wargs: tuple) -> tuple[np.ndarray, float]:
+        """Labels of all rows for the final centers and the (weighted) inertia, one task per group
+        of blocks; with ``bounds = (fit token,)`` from the rows' bounds, which this frees. Each block's
+        inertia is summed where the block is, so only the labels come back (as the narrowest
+        integer type that holds them)."""
+        groups = groups or [[b] for b in range(G.nblocks)]
+        func = _bounds_labels_host if bounds else _labels_host
+        found = dask.compute(*G.reduce_groups(func, _join_lists, centers, *bounds, *wargs, groups=groups,
+                                              name="labels"))
+        return _collect_labels(G, groups, found)
 
-    def _assign(self, G: GDataSet, centers: np.ndarray, groups: list | None = None,
-                bounds: tuple = ()) -> tuple[np.ndarray, np.ndarray]:
-        """Labels and exact squared distances of all rows, one task per group of blocks; with
-        ``bounds = (fit token,)`` from the rows' bounds, which this frees."""
-        groups = groups or G.block_groups() or [[b] for b in range(G.nblocks)]
-        func = _bounds_assign_host if bounds else _assign_host
-        found = dask.compute(*G.reduce_groups(func, _join_lists, centers, *bounds, groups=groups, name="assign"))
+    def _farthest(self, G: GDataSet, W: GDataSet | None, centers: np.ndarray, stats: dict) -> tuple:
+        """The rows farthest from their centers, for more empty clusters at once than the Lloyd pass
+        reported rows for: a pass in which each block reports as many of its own."""
+        m = int((stats["counts"] == 0).sum())
+        parts = dask.compute(*[dask.delayed(_farthest_rows)(G.block(b), centers, m, None if W is None else W.block(b))
+                               for b in range(G.nblocks)])
+        return tuple(np.concatenate([p[i] for p in parts], axis=0) for i in range(4))
+
+    def _assign(self, G: GDataSet, centers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Labels and exact squared distances of all rows, one task per group of blocks."""
+        groups = G.block_groups() or [[b] for b in range(G.nblocks)]
+        found = dask.compute(*G.reduce_groups(_assign_host, _join_lists, centers, groups=groups, name="assign"))
         parts: list = [None] * G.nblocks
         for g, res in zip(groups, found):
             for b, r in zip(g, res):
@@ -442,10 +441,15 @@ def _exceeds_devices(G: GDataSet, fraction: float = 0.8) -> bool:
     try:
         from distributed import default_client
 
-        workers = default_client().scheduler_info(n_workers=-1)["workers"].values()
+        client = default_client()
     except (ImportError, ValueError):  # no client: local threads, host memory
         return False
-    total = sum(int((w.get("metrics", {}).get("gdask_device") or {}).get("memory") or 0) for w in workers)
+    specs = getattr(getattr(client, "cluster", None), "device_specs", None)
+    if specs:  # a LocalGPUCluster in this process knows its devices: no round trip to the scheduler
+        total = sum(int(s.memory or 0) for s in specs)
+    else:
+        workers = client.scheduler_info(n_workers=-1)["workers"].values()
+        total = sum(int((w.get("metrics", {}).get("gdask_device") or {}).get("memory") or 0) for w in workers)
     return total > 0 and G.nbytes > fraction * total
 
 
@@ -460,13 +464,65 @@ def _weighted_sum(values: np.ndarray, w: np.ndarray | None) -> float:
     return float(values.sum() if w is None else values @ w)
 
 
+def _next_centers(stats: dict, centers: np.ndarray, dtype: Any, far: tuple | None = None) -> np.ndarray | None:
+    """The new centers from one iteration's combined statistics: the mean of each cluster's rows.
+    Empty clusters take the rows farthest from their centers, which leave their old clusters
+    (scikit-learn's rule): those the pass reported, or ``far`` = (squared distances, labels, rows,
+    weights) from a separate pass. ``None`` when more clusters are empty than there are such rows,
+    or the sums are not finite."""
+    sums, counts = stats["sums"], stats["counts"]
+    if not np.isfinite(sums).all():
+        return None
+    empty = np.nonzero(counts == 0)[0]
+    if empty.size:
+        dists, labels, rows, ws = far if far is not None else (stats[k] for k in _kernels._FAR)
+        if empty.size > len(dists):
+            return None
+        sums, counts = sums.copy(), counts.copy()
+        rows = rows.astype(np.float64)
+        order = np.argsort(-dists, kind="stable")[:empty.size]
+        for new_c, j in zip(empty, order):
+            old_c = labels[j]
+            sums[old_c] -= ws[j] * rows[j]
+            counts[old_c] -= ws[j]
+            sums[new_c] = ws[j] * rows[j]
+            counts[new_c] = ws[j]
+    new = centers.astype(np.float64).copy()
+    nz = counts > 0
+    new[nz] = sums[nz] / counts[nz, None]
+    return new.astype(dtype)
+
+
+def _collect_labels(G: GDataSet, groups: list | None, found: list) -> tuple[np.ndarray, float]:
+    """All rows' labels (int32) and the inertia from per-group lists of per-block (labels, inertia)."""
+    groups = groups or [[b] for b in range(G.nblocks)]
+    offs = tuple(G.block_offsets) + (G.shape[0],)
+    labels = np.empty(G.shape[0], np.int32)
+    inertia = [0.0] * G.nblocks
+    for g, res in zip(groups, found):
+        for b, (lab, part) in zip(g, res):
+            labels[offs[b]:offs[b + 1]] = lab
+            inertia[b] = part
+    return labels, math.fsum(inertia)
+
+
+def _narrow(labels: np.ndarray, k: int) -> np.ndarray:
+    """Labels in the narrowest unsigned type for ``k`` clusters (less to send back)."""
+    return labels.astype(np.min_scalar_type(max(k - 1, 0)), copy=False)
+
+
+def _labels_host(blk, centers, w=None):
+    labels, mind = _kernels.assign(blk, centers)
+    return [(_narrow(to_numpy(labels), centers.shape[0]), _bounds._weighted_total(mind, w))]
+
+
+def _bounds_labels_host(blk, centers, token, w=None):
+    labels, inertia = _bounds.bounds_labels(blk, centers, token, w)
+    return [(_narrow(to_numpy(labels), centers.shape[0]), inertia)]
+
+
 def _assign_host(blk, centers):
     labels, mind = _kernels.assign(blk, centers)
-    return [(to_numpy(labels), to_numpy(mind))]
-
-
-def _bounds_assign_host(blk, centers, token):
-    labels, mind = _bounds.bounds_assign(blk, centers, token)
     return [(to_numpy(labels), to_numpy(mind))]
 
 

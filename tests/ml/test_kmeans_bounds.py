@@ -61,7 +61,7 @@ def _steps(blk, centers_seq, use_xp):
         else:
             drift, half, m1, d1, d2, cc = _bounds._center_geometry(c, st.centers)
             _bounds._hamerly_numba(blk.T, _kernels._NO_WEIGHTS, c, st.labels, st.upper, st.lower, st.sums,
-                                   st.counts, drift, half, m1, d1, d2, cc)
+                                   st.counts, drift, half, m1, d1, d2, cc, len(blk))
         st.centers = c
     return st
 
@@ -97,11 +97,51 @@ def test_lost_state_is_recomputed_with_same_result():
     ref = _kernels.lloyd_partial(blk, c1)
     np.testing.assert_allclose(p1["sums"], ref["sums"], rtol=1e-9)
     np.testing.assert_array_equal(p1["counts"], ref["counts"])
-    labels, mind = _bounds.bounds_assign(blk, c1, "t")
+    labels, inertia = _bounds.bounds_labels(blk, c1, "t")
     assert "t" not in _bounds._STATES
     l2, m2 = _kernels.assign(blk, c1)
     assert (labels != l2).sum() <= 1
-    np.testing.assert_allclose(mind[labels == l2], m2[labels == l2], rtol=1e-5)
+    exact = ((blk.astype(np.float64) - c1[labels]) ** 2).sum()
+    assert inertia == pytest.approx(exact, rel=1e-12)
+
+
+def test_step_gives_up_for_a_full_pass_when_centers_jump():
+    X, init = _overlapping()
+    blk = np.asfortranarray(X)
+    c0 = init.astype(np.float64)
+    _bounds.bounds_partial(blk, c0, "j")
+    jumped = c0[::-1].copy()  # every row's cluster changes: the step stops early, a full pass rebuilds
+    p = _bounds.bounds_partial(blk, jumped, "j")
+    ref = _kernels.lloyd_partial(blk, jumped)
+    np.testing.assert_allclose(p["sums"], ref["sums"], rtol=1e-9)
+    np.testing.assert_array_equal(p["counts"], ref["counts"])
+    assert _bounds._get("j", blk).far is not None  # the state came from a full pass
+    _bounds.drop("j")
+
+
+@pytest.mark.parametrize("offset", [0.0, 300.0])  # 300: the per-cluster sums cancel, an exact pass instead
+@pytest.mark.parametrize("weighted", [False, True])
+def test_final_labels_and_inertia_from_the_bounds(offset, weighted):
+    X, init = _overlapping(n=3000)
+    blk = np.asfortranarray(X + np.float32(offset))
+    c0 = init.astype(np.float64) + offset
+    w = np.random.default_rng(3).uniform(0.1, 3, len(X)) if weighted else None
+    p0 = _bounds.bounds_partial(blk, c0, "f", w)
+    c1 = p0["sums"] / p0["counts"][:, None]
+    st = _bounds._get("f", blk)
+    assert st.sxx == pytest.approx(float((blk.astype(np.float64) ** 2).sum(1) @ (np.ones(len(X)) if w is None else w)),
+                                   rel=1e-12)
+    _bounds.bounds_partial(blk, c1, "f", w)  # a step: sums moved row by row
+    c2 = c1 + 0.01
+    st = _bounds._get("f", blk)
+    assert (_bounds._inertia_from_sums(st) is None) == bool(offset)  # offset: more than 3 digits cancel
+    labels, inertia = _bounds.bounds_labels(blk, c2, "f", w)
+    assert not _bounds._STATES
+    d2 = ((blk[:, None, :].astype(np.float64) - c2[None]) ** 2).sum(-1)
+    best = d2[np.arange(len(blk)), labels]
+    assert (labels == d2.argmin(1)).mean() > 0.999  # float32 near-ties aside
+    exact = float(best @ (np.ones(len(X)) if w is None else w))
+    assert inertia == pytest.approx(exact, rel=1e-11)
 
 
 def test_no_device_memory_for_bounds_falls_back_to_lloyd(monkeypatch):
