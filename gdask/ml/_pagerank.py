@@ -100,7 +100,7 @@ class BlockedGraph:
         return [int(b - a) for a, b in zip(self.bounds[:-1], self.bounds[1:])]
 
     def release(self) -> None:
-        """Drop the blocks' futures (equal blocks share one Future object: never ``release()`` it)."""
+        """Drop the blocks' futures (never ``Future.release()``: they may be shared)."""
         self.blocks = []
         self.inv = []
 
@@ -140,9 +140,11 @@ def blocked_graph(A: Any, nblocks: int | None = None, client: Any = None) -> Blo
         rows_c = rows.tocsc()
         for j in range(nblocks):
             parts.append(rows_c[:, bounds[j]:bounds[j + 1]].tocsr())
-    futs = client.scatter(parts, hash=True)
+    # per-call keys: content-hashed keys are shared with an earlier call on equal blocks, whose
+    # release may still be under way on the scheduler ("lost dependencies")
+    futs = client.scatter(parts, hash=False)
     blocks = [futs[i * nblocks:(i + 1) * nblocks] for i in range(nblocks)]
-    inv_f = client.scatter([inv[bounds[j]:bounds[j + 1]] for j in range(nblocks)], broadcast=True, hash=True)
+    inv_f = client.scatter([inv[bounds[j]:bounds[j + 1]] for j in range(nblocks)], broadcast=True, hash=False)
     return BlockedGraph(n=n, bounds=bounds, blocks=blocks, inv=inv_f, nnz=int(A.nnz))
 
 
