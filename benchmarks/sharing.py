@@ -88,6 +88,16 @@ def make_jobs(n: int, seed: int, scale: float, arrival: float) -> list[dict]:
     return jobs
 
 
+def run_iterations(client, kind: str, iterations: int, work: float) -> None:
+    """A job's body: its GDataSet (created inside the job: job-private keys), one reduction per iteration."""
+    import gdask
+
+    k = KINDS[kind]
+    X = client.persist(gdask.from_array(np.ones((BLOCKS * 256, 8), dtype="f4"), block_rows=256))
+    for it in range(iterations):
+        client.compute(X.reduce_blocks(job_chunk, job_combine, it, work, k["compute"], k["bandwidth"])).result()
+
+
 def run_job(client, spec: dict, t0: float, out: dict, errors: list) -> None:
     import gdask
 
@@ -95,14 +105,9 @@ def run_job(client, spec: dict, t0: float, out: dict, errors: list) -> None:
         time.sleep(max(0.0, t0 + spec["arrival"] - time.time()))
         arrived = time.time()
         k = KINDS[spec["kind"]]
-        data = np.ones((BLOCKS * 256, 8), dtype="f4")
         with gdask.job(client, gpu=k["gpu"], memory=f"{k['memory']}MiB", name=spec["name"], kind=spec["kind"]) as j:
             started = time.time()
-            X = client.persist(gdask.from_array(data, block_rows=256))
-            for it in range(spec["iterations"]):
-                d = X.reduce_blocks(job_chunk, job_combine, it, spec["work"], k["compute"], k["bandwidth"])
-                client.compute(d).result()
-            del X
+            run_iterations(client, spec["kind"], spec["iterations"], spec["work"])
         out[spec["name"]] = {"arrival": arrived - t0, "start": started - t0, "finish": time.time() - t0,
                              "devices": list(j.devices)}
     except BaseException as e:  # reported by the main thread
@@ -117,20 +122,13 @@ def _device_busy(client) -> dict:
     return client.run(busy)
 
 
-def profile_kinds(client, policy: str, iterations: int, scale: float) -> None:
+def profile_kinds(client, iterations: int, scale: float) -> None:
     """One solo job per kind (not timed): the scheduler measures each kind's profile and solo times."""
     import gdask
 
-    k0 = next(iter(KINDS.values()))
-    data = np.ones((BLOCKS * 256, 8), dtype="f4")
     for kind, k in KINDS.items():
         with gdask.job(client, gpu=1.0, memory=f"{k['memory']}MiB", name=f"profile-{kind}", kind=kind):
-            X = client.persist(gdask.from_array(data, block_rows=256))
-            for it in range(iterations):
-                d = X.reduce_blocks(job_chunk, job_combine, it, k["work"] * scale, k["compute"], k["bandwidth"])
-                client.compute(d).result()
-            del X
-    del k0
+            run_iterations(client, kind, iterations, k["work"] * scale)
 
 
 def run_policy(policy: str, jobs: list[dict], args) -> dict:
@@ -144,7 +142,7 @@ def run_policy(policy: str, jobs: list[dict], args) -> dict:
         cluster = gdask.LocalGPUCluster(n_devices=4, backend="emulated", device_memory=args.device_memory,
                                         streams=8)
     with cluster, Client(cluster) as client:
-        profile_kinds(client, policy, 3, args.scale)
+        profile_kinds(client, 3, args.scale)
         before = _device_busy(client)
         out: dict = {}
         errors: list = []

@@ -29,9 +29,10 @@ import time
 import uuid
 import weakref
 from collections import defaultdict, deque
-from typing import Any, Hashable
+from typing import Any
 
 import dask
+from dask.utils import key_split
 from distributed import SchedulerPlugin, WorkerPlugin
 
 from gdask import _config
@@ -135,7 +136,7 @@ class JobScheduler(SchedulerPlugin):
         self.records: dict[str, _JobRecord] = {}
         self.queue: deque[str] = deque()
         self.kind_profiles: dict[str, JobProfile] = {}
-        self._profile_samples: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+        self._profile_samples: dict[str, list[tuple[float, float]]] = defaultdict(list)
         self.baselines: dict[tuple[str, str], float] = {}  # (kind, task prefix) -> solo seconds at speed 1
         self.observations: list[dict[str, Any]] = []  # clean co-run measurements, with predictions
         self._seen_sets: set[frozenset] = set()
@@ -349,7 +350,7 @@ class JobScheduler(SchedulerPlugin):
         if not others:
             old = self.baselines.get(key)
             self.baselines[key] = seconds if old is None else 0.8 * old + 0.2 * seconds
-            if usage and usage.get("active", 0) > 0:
+            if usage:  # active > 0: checked above
                 self._profile_sample(kind, usage["compute"] / usage["active"], usage["bandwidth"] / usage["active"])
             return
         base = self.baselines.get(key)
@@ -378,7 +379,7 @@ class JobScheduler(SchedulerPlugin):
 
     def _profile_sample(self, kind: str, compute: float, bandwidth: float) -> None:
         samples = self._profile_samples[kind]
-        samples.append((compute, bandwidth, 0.0))
+        samples.append((compute, bandwidth))
         del samples[:-20]
         c = sum(s[0] for s in samples) / len(samples)
         b = sum(s[1] for s in samples) / len(samples)
@@ -515,7 +516,7 @@ class JobMonitor(WorkerPlugin):
     def _report(self, key: Any, job: str, duration: float, overlap: dict, usage0: dict | None) -> None:
         _, kind = self._job_of(key)
         ts = self.worker.state.tasks.get(key)
-        prefix = key_prefix(key) if ts is None else ts.prefix
+        prefix = key_split(key) if ts is None else ts.prefix
         msg = {"job": job, "kind": kind or job, "prefix": str(prefix), "worker": self.worker.address,
                "duration": duration, "others": {j: s / duration for j, s in overlap.items()} if duration > 0 else {},
                "spilled": self.spilled.get(job, 0), "resident": self.usage(job)}
@@ -535,7 +536,7 @@ class JobMonitor(WorkerPlugin):
         if limit is None or spill is None or size is None:
             return
         keys = self._keys[job]
-        used = sum(size(k) for k in keys)
+        used = self.usage(job)
         for k in list(keys):  # oldest first
             if used <= limit:
                 break
@@ -547,12 +548,6 @@ class JobMonitor(WorkerPlugin):
         """Bytes of ``job``'s blocks on this worker's device now."""
         size = getattr(getattr(self.worker, "data", None), "device_bytes", None)
         return sum(size(k) for k in self._keys.get(job, ())) if size is not None else 0
-
-
-def key_prefix(key: Any) -> str:
-    from dask.utils import key_split
-
-    return key_split(key)
 
 
 def _set_limit(name: str, nbytes: int | None, dask_worker: Any = None) -> bool:

@@ -201,10 +201,13 @@ class EmulatedDevice:
             if extra > 0:
                 time.sleep(extra)
                 elapsed += extra
+        self._count(elapsed)
+        return result
+
+    def _count(self, elapsed: float) -> None:
         with self._stats_lock:
             self.busy_time += elapsed
             self.tasks += 1
-        return result
 
     def kernel(self, work: float, compute: float = 1.0, bandwidth: float = 1.0, job: Any = None) -> float:
         """Run an emulated kernel of ``work`` device-seconds with demand ``(compute, bandwidth)``,
@@ -212,9 +215,7 @@ class EmulatedDevice:
         :class:`gdask._devices._contention.SharedClock`); returns the seconds it took."""
         clock = self.clock
         elapsed = clock.kernel(work, compute, bandwidth, job=job)
-        with self._stats_lock:
-            self.busy_time += elapsed
-            self.tasks += 1
+        self._count(elapsed)
         return elapsed
 
     @property
