@@ -75,8 +75,9 @@ class DurationModel:
         Measurements of each (kind, device) pair to ignore first: the first run of a kind in a
         worker pays imports and JIT compilation, which is not the device's speed.
     min_speed_seconds : float
-        Tasks shorter than this do not update device speeds: their time is scheduling overhead
-        and noise more than device work.
+        Tasks shorter than this, or of a kind expected to be shorter than this on the fastest
+        device, do not update device speeds: their time is scheduling overhead and noise more than
+        device work.
 
     Examples
     --------
@@ -154,7 +155,7 @@ class DurationModel:
         work = self._work.get((kind, b))
         if work is None:
             work = self._work[(kind, b)] = _Ewma()
-        elif work.value > 0 and seconds >= self.min_speed_seconds:
+        elif work.value > 0 and seconds >= self.min_speed_seconds and self._heavy(work.value * u):
             # speed = work done / time taken, with work as learned so far for this kind and size
             sp = self._speed.get(device)
             if sp is None:
@@ -163,6 +164,16 @@ class DurationModel:
         w = work.add(seconds * self.speed(device) / u, self.alpha)
         if nbytes > 0:
             self._spb.add(w, self.alpha)
+
+    def _heavy(self, work: float) -> bool:
+        """Whether a task of ``work`` (seconds at speed 1) is expected to take ``min_speed_seconds``
+        even on the fastest device: only such tasks measure speeds. A light task that happened to
+        take long (the process was preempted, a garbage collection ran) is an outlier, not a slow
+        device, and one outlier would otherwise move the device's speed by ``alpha``."""
+        if not self.min_speed_seconds:
+            return True
+        top = max((self.speed(d) for d in self._seen), default=1.0)
+        return work >= self.min_speed_seconds * top
 
     # -- decisions ------------------------------------------------------------------------------
     def speed(self, device: Hashable) -> float:

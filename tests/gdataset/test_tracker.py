@@ -135,11 +135,16 @@ def test_eviction_keeps_results_identical(client):
     Xh, yh = _data(seed=3)
     X, y = gdask.from_array(Xh, block_rows=300), gdask.from_array(yh, block_rows=300)
     expected = _loop(X, y, 3)
+    with incremental(client) as unbounded:
+        _loop(X, y, 3)
     with incremental(client, max_bytes=20_000) as tracker:
         got = _loop(X, y, 3)
         assert tracker.cached_bytes <= 20_000
     _same(got, expected)
-    assert STATIC & set(tracker.history[2]["executed_by_prefix"])  # evicted: recomputed
+    # evicted results are submitted again (whether the scheduler still held some of them, through
+    # a reference not yet garbage collected, is up to timing: "executed" is not checked)
+    assert tracker.history[2]["reused"] < unbounded.history[2]["reused"]
+    assert tracker.history[2]["to_run"] > unbounded.history[2]["to_run"]
 
 
 def test_usable_without_with(client):

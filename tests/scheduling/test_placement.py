@@ -51,6 +51,20 @@ def test_duration_model_short_tasks_do_not_set_speed():
     assert m.predict("tiny", 0, "b") == pytest.approx(0.003)  # the cell is still learned
 
 
+def test_duration_model_outlier_of_a_light_kind_does_not_set_speed():
+    m = DurationModel(min_speed_seconds=0.005)
+    for _ in range(3):
+        m.observe("big", 1 << 20, "a", 0.05)
+        m.observe("big", 1 << 20, "b", 0.10)
+        m.observe("tiny", 1 << 10, "a", 0.0002)
+    before = m.relative_speeds()["a"]
+    m.observe("tiny", 1 << 10, "a", 0.05)  # preempted: 250x its usual time
+    assert m.relative_speeds()["a"] == before == 1.0
+    assert m.relative_speeds()["b"] == pytest.approx(0.5, rel=0.05)
+    m.observe("big", 1 << 20, "a", 0.20)  # a heavy task still measures: a slowed down
+    assert m.relative_speeds()["b"] == 1.0
+
+
 def test_duration_model_prior_warmup_and_forget():
     m = DurationModel(warmup=1)
     m.set_prior("b", 0.5)

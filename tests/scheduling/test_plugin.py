@@ -182,8 +182,13 @@ def _restricted(keys, dask_scheduler=None):
 def hetero():
     from distributed import Client
 
-    with gdask.LocalGPUCluster(n_devices=2, backend="emulated", device_memory="256MiB", device_speeds=[1.0, 0.25],
-                               dashboard_address=":0") as cluster, Client(cluster) as c:
+    # moving a sub-millisecond block task pays only when its measured durations say so, and those
+    # are noise: a fetch latency of 1 s makes such moves never pay, so where derived blocks land
+    # is decided by where their data is, deterministically
+    with dask.config.set({"gdask.scheduling.latency": 1.0}):
+        cluster = gdask.LocalGPUCluster(n_devices=2, backend="emulated", device_memory="256MiB",
+                                        device_speeds=[1.0, 0.25], dashboard_address=":0")
+    with cluster, Client(cluster) as c:
         yield c
 
 
@@ -194,8 +199,8 @@ def test_blocks_mapped_in_proportion_to_speed_and_results_match(hetero):
     np.testing.assert_allclose(np.asarray(X.sum(axis=0).compute()), data.sum(axis=0))
     np.testing.assert_allclose((X * 2 + 1).compute(), data * 2 + 1)
     Y = (X * 2).persist()
-    # derived blocks stay with their inputs, or move to the faster device when that finishes earlier
-    assert _counts(Y, hetero)[0] >= 16
+    # derived blocks stay with their inputs
+    assert _counts(Y, hetero) == {0: 16, 1: 4}
     # plain Dask work on the same cluster: untouched
     futs = hetero.map(inc, range(20))
     assert hetero.gather(futs) == list(range(1, 21))
