@@ -20,6 +20,7 @@ from gdask.gdataset._blocks import array_module, sum_parts, to_numpy
 from gdask.gdataset._repr import persisted_futures
 from gdask.ml import _bounds, _kernels
 from gdask.ml._input import check_finite as _check_finite
+from gdask.ml._input import estimator_job
 from gdask.ml._input import is_host_input as _is_host_input
 
 logger = logging.getLogger("gdask.ml")
@@ -129,6 +130,14 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         state per row on the device instead of 8 per row and center), and only rows whose bounds
         no longer prove their cluster are looked at. "auto" is "elkan" from 8 features up (below,
         distances are too cheap for the bookkeeping to pay).
+    gpu : float, optional
+        Fit inside ``gdask.job(client, gpu=gpu, memory=memory, name=job_name)``: a share of a
+        device of the current Client's cluster (see :func:`gdask.job`). Default None: no share
+        is asked for (and none without a Client).
+    memory : int or str, optional
+        Device memory of that share (``"4GiB"``); default ``gpu`` times the device's memory.
+    job_name : str, optional
+        The job's name in :func:`gdask.scheduling.jobs` (default: the class name and a random suffix).
 
     Attributes
     ----------
@@ -139,7 +148,8 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
 
     def __init__(self, n_clusters: int = 8, *, init: Any = "k-means||", max_iter: int = 300, tol: float = 1e-4,
                  random_state: Any = None, oversampling_factor: float = 2.0, init_max_iter: int = 5,
-                 init_sample: int = 200_000, verbose: bool | int = False, algorithm: str = "auto") -> None:
+                 init_sample: int = 200_000, verbose: bool | int = False, algorithm: str = "auto",
+                 gpu: float | None = None, memory: Any = None, job_name: str | None = None) -> None:
         self.n_clusters = n_clusters
         self.init = init
         self.max_iter = max_iter
@@ -150,6 +160,9 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         self.init_sample = init_sample
         self.verbose = verbose
         self.algorithm = algorithm
+        self.gpu = gpu
+        self.memory = memory
+        self.job_name = job_name
 
     # -- validation ----------------------------------------------------------------------------
     def _check_params(self, n_samples: int, n_features: int) -> None:
@@ -279,6 +292,10 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         TypeError
             Non-numeric data.
         """
+        with estimator_job(self):  # blocks made inside a job get the job's private keys
+            return self._fit(X, sample_weight)
+
+    def _fit(self, X: Any, sample_weight: Any) -> KMeans:
         G, kind = self._prepare(X, reset=True)
         n, d = G.shape
         self._check_params(n, d)

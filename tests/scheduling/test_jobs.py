@@ -183,7 +183,7 @@ def test_job_profile_given_and_repr(jc):
 
 
 def test_estimators_take_a_share_with_gpu_and_memory_keywords(jc):
-    from gdask.ml import LogisticRegression
+    from gdask.ml import KMeans, LogisticRegression
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(2000, 5)).astype("f8")
@@ -198,6 +198,12 @@ def test_estimators_take_a_share_with_gpu_and_memory_keywords(jc):
     np.testing.assert_allclose(gdask.ml.pagerank(A, gpu=0.25, memory="4MiB", job_name="t-pr"),
                                gdask.ml.pagerank(A), atol=1e-9)
     assert jobs(jc).loc["t-pr", "kind"] == "pagerank"
+    km_plain = KMeans(n_clusters=3, random_state=0).fit(x)
+    km = KMeans(n_clusters=3, random_state=0, gpu=0.25, memory="8MiB", job_name="t-km").fit(x)
+    np.testing.assert_allclose(km.cluster_centers_, km_plain.cluster_centers_, rtol=1e-6, atol=1e-8)
+    np.testing.assert_array_equal(km.labels_, km_plain.labels_)
+    row = jobs(jc).loc["t-km"]
+    assert row["status"] == "done" and row["kind"] == "KMeans" and len(row["devices"]) == 1
 
 
 def test_a_plain_dask_cluster_gets_the_job_plugins_on_first_use():
