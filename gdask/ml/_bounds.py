@@ -271,7 +271,7 @@ def _first_pass(blk: Any, cf: np.ndarray, w: Any) -> BlockBounds:
         topv, topi, topl = np.full(q, -1.0), np.zeros(q, np.int64), np.zeros(q, np.int64)
         _, sxx = _kernels._lloyd_numba(blk.T, _kernels._NO_WEIGHTS if ww is None else np.ascontiguousarray(ww),
                                        np.ascontiguousarray(cf, dtype=blk.dtype), sums, counts, labels, labels,
-                                       False, topv, topi, topl, ul)
+                                       False, topv, topi, topl, ul, _kernels.row_norms(blk))
         upper, lower = ul[0], ul[1]
         keep = topv >= 0
         far = (topv[keep], topi[keep], topl[keep])

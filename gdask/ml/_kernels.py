@@ -6,6 +6,9 @@ consecutive rows of one feature: SIMD lanes on CPU (numba), threads on GPU (CuPy
 
 from __future__ import annotations
 
+import threading
+import weakref
+
 import numpy as np
 from numba import njit
 
@@ -15,7 +18,8 @@ _TILE = 128
 
 
 @njit(nogil=True, fastmath=True, cache=True)
-def _lloyd_numba(xt, w, centers, sums, counts, labels, rowd, want_rows, topv, topi, topl, sec):  # pragma: no cover - compiled
+def _lloyd_numba(xt, w, centers, sums, counts, labels, rowd, want_rows, topv, topi, topl, sec, norms):  # pragma: no cover - compiled
+    # norms: |x|^2 per row in float64 (see row_norms), used unless want_rows
     d, n = xt.shape
     weighted = w.shape[0] > 0
     # bounds mode (Hamerly, gdask.ml._bounds): labels, and in sec[0] / sec[1] an upper bound on the
@@ -108,15 +112,9 @@ def _lloyd_numba(xt, w, centers, sums, counts, labels, rowd, want_rows, topv, to
                     better = v < mind[i]
                     mind[i] = v if better else mind[i]
                     lab[i] = c if better else lab[i]
-        if not want_rows:
-            # ||x||^2 per row (vectorised over rows): distance to the chosen center in expanded form
+        if not want_rows:  # ||x||^2 per row: distance to the chosen center in expanded form
             for i in range(m):
-                xn[i] = 0.0
-            for j in range(d):
-                xr = xt[j, i0:i0 + m]
-                for i in range(m):
-                    v = np.float64(xr[i])
-                    xn[i] += v * v
+                xn[i] = norms[i0 + i]
         if want_sec:  # bounds, vectorised over the tile's rows
             for i in range(m):
                 e = marg * (np.sqrt(xn[i]) + cmax) ** 2
@@ -168,6 +166,49 @@ def _lloyd_numba(xt, w, centers, sums, counts, labels, rowd, want_rows, topv, to
     return inertia, sxx
 
 
+@njit(nogil=True, fastmath=True, cache=True)
+def _row_norms_numba(xt, out):  # pragma: no cover - compiled
+    d, n = xt.shape
+    for i in range(n):
+        out[i] = 0.0
+    for j in range(d):  # vectorised over rows, one feature at a time
+        xr = xt[j]
+        for i in range(n):
+            v = np.float64(xr[i])
+            out[i] += v * v
+
+
+_norms_lock = threading.Lock()
+_NORMS: dict[int, tuple[weakref.ref, np.ndarray]] = {}
+
+
+def row_norms(blk: np.ndarray) -> np.ndarray:
+    """``|x|^2`` of each row of a NumPy block, in float64, computed once per block and kept while
+    the block lives (8 bytes per row): every full pass of a fit needs them and they never change
+    (blocks are immutable). Keyed by the block object: a fresh view of the same data computes
+    them again."""
+    key = id(blk)
+    with _norms_lock:
+        hit = _NORMS.get(key)
+    if hit is not None and hit[0]() is blk:
+        return hit[1]
+    out = np.empty(blk.shape[0], np.float64)
+    _row_norms_numba(blk.T, out)
+    try:
+        ref = weakref.ref(blk, lambda r, key=key: _forget_norms(key, r))
+    except TypeError:  # not weak-referenceable: nothing to key a cache on
+        return out
+    with _norms_lock:
+        _NORMS[key] = (ref, out)
+    return out
+
+
+def _forget_norms(key: int, ref: weakref.ref) -> None:
+    with _norms_lock:
+        if key in _NORMS and _NORMS[key][0] is ref:
+            del _NORMS[key]
+
+
 def _is_cupy(x) -> bool:
     return array_module(x) is not np
 
@@ -213,7 +254,8 @@ def lloyd_partial(blk, centers, w=None):
     topi = np.zeros(q, np.int64)
     topl = np.zeros(q, np.int64)
     wv = _NO_WEIGHTS if w is None else np.ascontiguousarray(w, dtype=np.float64)
-    inertia, _ = _lloyd_numba(blk.T, wv, c, sums, counts, topi, topv, False, topv, topi, topl, _NO_SEC)
+    inertia, _ = _lloyd_numba(blk.T, wv, c, sums, counts, topi, topv, False, topv, topi, topl, _NO_SEC,
+                              row_norms(blk))
     keep = topv >= 0
     idx = topi[keep]
     return {"sums": sums, "counts": counts, "inertia": inertia, "far_d": topv[keep], "far_label": topl[keep],
@@ -255,7 +297,7 @@ def assign(blk, centers):
     labels = np.empty(n, np.int32)
     mind = np.empty(n, np.float64)
     _lloyd_numba(blk.T, _NO_WEIGHTS, c, np.zeros((k, d)), np.zeros(k), labels, mind, True, np.empty(0),
-                 np.empty(0, np.int64), np.empty(0, np.int64), _NO_SEC)
+                 np.empty(0, np.int64), np.empty(0, np.int64), _NO_SEC, _NO_WEIGHTS)
     return labels, mind
 
 

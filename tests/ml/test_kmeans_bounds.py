@@ -169,3 +169,18 @@ def test_old_fits_are_forgotten():
 def test_bad_algorithm():
     with pytest.raises(ValueError, match="algorithm must be"):
         KMeans(2, algorithm="full").fit(np.ones((10, 2)))
+
+
+def test_row_norms_are_kept_while_the_block_lives():
+    import gc
+
+    blk = np.asfortranarray(np.random.default_rng(0).normal(size=(1000, 7)).astype("f4"))
+    first = _kernels.row_norms(blk)
+    np.testing.assert_allclose(first, (blk.astype("f8") ** 2).sum(1), rtol=1e-12)
+    assert _kernels.row_norms(blk) is first  # computed once per block
+    other = blk.copy(order="F")
+    assert _kernels.row_norms(other) is not first  # equal data, another block: its own entry
+    key = id(blk)
+    del blk
+    gc.collect()
+    assert key not in _kernels._NORMS  # freed with the block
