@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import warnings
 from typing import Any, Callable, Mapping, Sequence
 
 import dask
@@ -177,6 +178,15 @@ class GDataSet(DaskMethodsMixin):
 
     def __dask_postpersist__(self):
         return self._rebuild, ()
+
+    def persist(self, **kwargs: Any) -> GDataSet:
+        """Compute the blocks into cluster (device) memory and return a GDataSet that points at
+        them (see ``dask.persist``). Blocks made from in-memory arrays travel to the workers in the
+        graph, once: Dask's "Sending large graph" warning about them is silenced here, since its
+        advice (load the data with Dask, or scatter it) is what this call does."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
+            return super().persist(**kwargs)
 
     def _rebuild(self, dsk, *, rename: dict | None = None) -> GDataSet:
         name = rename.get(self.name, self.name) if rename else self.name
