@@ -18,6 +18,7 @@ the device time is emulated so that 4 worker processes do not distort the speeds
 for cores; the heterogeneity is a simulation and is labelled so.
 
     python benchmarks/load_balance.py [--speeds 1,1,0.5,0.25] [--iterations 6] [--json out.json]
+    python benchmarks/load_balance.py --backend cuda     # logical devices on a GPU, real kernels
 """
 
 from __future__ import annotations
@@ -32,13 +33,39 @@ import numpy as np
 
 
 def _spin(blk, row_cost: float):
-    """Emulated device time: ``rows * row_cost`` seconds at speed 1 (a GIL-free sleep)."""
-    time.sleep(blk.shape[0] * row_cost)
+    """Device time of ``rows * row_cost`` seconds at speed 1. Emulated devices: a GIL-free sleep
+    (the device stretches it by 1 / speed). CUDA (``--backend cuda``): real GEMMs on the block,
+    repeated ``row_cost * 1e5 / speed`` times, the speed being this logical device's entry of
+    ``--speeds`` (a slowed-down share of the GPU, since one GPU's logical devices are equal)."""
+    if not hasattr(blk, "get"):
+        time.sleep(blk.shape[0] * row_cost)
+        return
+    import cupy as cp
+    from distributed import get_worker
+
+    speed = _CUDA_SPEEDS[int(get_worker().name) % len(_CUDA_SPEEDS)]
+    w = cp.ones((blk.shape[1], 256), blk.dtype)
+    for _ in range(max(1, round(row_cost * 1e5 / speed))):
+        (blk @ w).sum()
+    cp.cuda.get_current_stream().synchronize()
+
+
+#: --backend cuda: speeds of the logical devices, by worker name (set on the workers by main)
+_CUDA_SPEEDS = [1.0]
+
+
+def _set_cuda_speeds(speeds):
+    global _CUDA_SPEEDS
+    _CUDA_SPEEDS = list(speeds)
+
+
+def _host(x):
+    return x.get() if hasattr(x, "get") else x
 
 
 def synthetic_chunk(blk, row_cost, it):
     _spin(blk, row_cost)
-    return blk.sum(axis=0, dtype=np.float64) * 0 + blk.shape[0] + it * 0
+    return _host(blk.sum(axis=0, dtype=np.float64)) * 0 + blk.shape[0] + it * 0
 
 
 def synthetic_combine(parts):
@@ -67,8 +94,12 @@ def _warm_kmeans(centers):
     _kernels.lloyd_partial(np.asfortranarray(np.repeat(centers, 4, axis=0)), centers)
 
 
-def _busy(client):
-    return client.run(lambda dask_worker: (dask_worker.gdask_device.spec.speed, dask_worker.gdask_device.busy_time))
+def _busy(client, speeds=None):
+    """Worker -> (speed, device busy seconds); ``speeds`` (by worker name) replaces the devices'
+    own on CUDA, where the heterogeneity is made by the kernels (see ``_spin``)."""
+    out = client.run(lambda dask_worker: (dask_worker.name, dask_worker.gdask_device.spec.speed,
+                                          dask_worker.gdask_device.busy_time))
+    return {w: ((speeds[int(n) % len(speeds)] if speeds else sp), busy) for w, (n, sp, busy) in out.items()}
 
 
 def _iteration_stats(before, after, makespan):
@@ -90,10 +121,15 @@ def run(placement: bool, args, data: np.ndarray, init: np.ndarray) -> dict:
 
     speeds = [float(s) for s in args.speeds.split(",")]
     out: dict = {}
+    cuda = args.backend == "cuda"
     with dask.config.set({"gdask.scheduling.use-configured-speeds": args.use_configured_speeds}):
-        cluster = gdask.LocalGPUCluster(n_devices=len(speeds), backend="emulated", device_speeds=speeds,
+        cluster = gdask.LocalGPUCluster(n_devices=len(speeds), backend=args.backend,
+                                        device_speeds=None if cuda else speeds,
                                         device_memory="1GiB", placement=placement, dashboard_address=":0")
+    kernel_speeds = speeds if cuda else None
     with cluster, Client(cluster) as client:
+        if cuda:
+            client.run(_set_cuda_speeds, speeds)
         for workload in args.workloads.split(","):
             X = gdask.from_array(data, block_rows=args.block_rows).persist()
             wait(X)
@@ -108,7 +144,7 @@ def run(placement: bool, args, data: np.ndarray, init: np.ndarray) -> dict:
             centers = init.copy()
             result = None
             for it in range(args.iterations):
-                before = _busy(client)
+                before = _busy(client, kernel_speeds)
                 t0 = time.perf_counter()
                 if workload == "synthetic":
                     result = X.reduce_blocks(synthetic_chunk, synthetic_combine, args.row_cost, it).compute()
@@ -121,7 +157,7 @@ def run(placement: bool, args, data: np.ndarray, init: np.ndarray) -> dict:
                     centers = np.where(tot["counts"][:, None] > 0, tot["sums"] / counts, centers).astype(data.dtype)
                     result = centers
                 makespan = time.perf_counter() - t0
-                iters.append(_iteration_stats(before, _busy(client), makespan))
+                iters.append(_iteration_stats(before, _busy(client, kernel_speeds), makespan))
             where, _ = block_workers(X, client, wait_ready=True)
             final = {}
             for a in where.values():
@@ -139,6 +175,9 @@ def run(placement: bool, args, data: np.ndarray, init: np.ndarray) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--speeds", default="1,1,0.5,0.25", help="emulated device speeds (comma separated)")
+    p.add_argument("--backend", choices=["emulated", "cuda"], default="emulated",
+                   help="cuda: one logical device per speed on the machine's GPUs, real GEMM kernels "
+                        "repeated 1/speed times")
     p.add_argument("--rows", type=int, default=960_000)
     p.add_argument("--cols", type=int, default=8)
     p.add_argument("--block-rows", type=int, default=40_000)
@@ -155,8 +194,12 @@ def main(argv=None) -> int:
     data = rng.standard_normal((args.rows, args.cols)).astype(np.float32)
     init = data[rng.choice(args.rows, args.clusters, replace=False)].copy()
     nblocks = -(-args.rows // args.block_rows)
-    print(f"device: emulated (simulated heterogeneity; device time = {args.row_cost:g} s/row at speed 1, "
-          f"a GIL-free sleep stretched by 1/speed), speeds {args.speeds}")
+    if args.backend == "cuda":
+        print(f"device: cuda logical devices (heterogeneity made by the kernels: GEMMs repeated "
+              f"{args.row_cost * 1e5:g}/speed times), speeds {args.speeds}")
+    else:
+        print(f"device: emulated (simulated heterogeneity; device time = {args.row_cost:g} s/row at speed 1, "
+              f"a GIL-free sleep stretched by 1/speed), speeds {args.speeds}")
     print(f"data: {args.rows} x {args.cols} float32 in {nblocks} blocks of {args.block_rows} rows; "
           f"{args.iterations} iterations; gdask speeds "
           f"{'configured' if args.use_configured_speeds else 'learned from measurements'}")
@@ -184,7 +227,7 @@ def main(argv=None) -> int:
         print(f"\ngdask placement: {res['gdask']['placement_stats']}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "device": "emulated", **res}, f, indent=1, default=str)
+            json.dump({"args": vars(args), "device": args.backend, **res}, f, indent=1, default=str)
     return 0 if ok else 1
 
 

@@ -21,6 +21,7 @@ configuration's centers are identical to (d)'s.
     python benchmarks/window.py            # 2 devices x 128 MiB, 512 MiB of data, 10 iterations
     python benchmarks/window.py --quick    # 2 devices x 32 MiB, 128 MiB of data
     python benchmarks/window.py --json out.json
+    python benchmarks/window.py --backend cuda --quick   # logical devices with a memory limit on a GPU
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ class Config:
         stack.enter_context(dask.config.set({"distributed.scheduler.work-stealing": False,
                                              "gdask.scheduling.placement": False}))
         cluster = stack.enter_context(gdask.LocalGPUCluster(
-            n_devices=a.devices, backend="emulated", device_memory=self.device_memory, bandwidth=a.bandwidth,
+            n_devices=a.devices, backend=a.backend, device_memory=self.device_memory,
+            bandwidth=a.bandwidth if a.backend == "emulated" else None,
             dashboard_address=":0", data=(WindowStore, self.store_kwargs)))
         self.client = client = stack.enter_context(Client(cluster, set_as_default=False))
         client.run(_warm)
@@ -165,6 +167,9 @@ def run_configs(configs, X, init, a):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--backend", choices=["emulated", "cuda"], default="emulated",
+                   help="cuda: logical devices on the machine's GPUs, each limited to --device-memory; "
+                        "copies go over the real bus (--bandwidth is ignored)")
     p.add_argument("--device-memory", default=None, help="per device (default 128MiB, --quick 32MiB)")
     p.add_argument("--data-factor", type=float, default=2.0, help="dataset size / total device memory")
     p.add_argument("--features", type=int, default=32)
@@ -206,9 +211,11 @@ def main(argv=None):
         configs = [c for c in configs if not c[0].startswith("(a')")]
     results = run_configs(configs, X, init, a)
     ref = results[0]
+    bus = (f"host<->device {bw / 1e9:g} GB/s (emulated: CPU figures)" if a.backend == "emulated"
+           else "host<->device over the GPU's bus")
     print(f"\nK-means {n:,} x {a.features} float32 = {format_bytes(X.nbytes)}, K={a.clusters}, {a.iterations} "
-          f"iterations, {a.devices} emulated devices x {format_bytes(mem)} (data = {a.data_factor:g}x device "
-          f"memory), host<->device {bw / 1e9:g} GB/s (emulated: CPU figures), blocks of {a.block_rows} rows "
+          f"iterations, {a.devices} {a.backend} devices x {format_bytes(mem)} (data = {a.data_factor:g}x device "
+          f"memory), {bus}, blocks of {a.block_rows} rows "
           f"({format_bytes(a.block_rows * row)}), window reserve {a.reserve}, prefetch {a.prefetch}; hit rate and "
           f"bytes over {a.repeat} x {a.iterations} iterations, ms/iter = mean of the fastest of {a.repeat} runs")
     hdr = (f"{'configuration':<28}{'scan':<20}{'hit rate':>9}{'moved/pass':>11}{'ms/iter':>9}{'vs (d)':>8}"
@@ -235,7 +242,7 @@ def main(argv=None):
     }
     print("bars (a): " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in bars.items()))
     if a.json:
-        out = {"devices": a.devices, "repeat": a.repeat, "device_memory": mem, "bandwidth": bw, "rows": n, "features": a.features,
+        out = {"backend": a.backend, "devices": a.devices, "repeat": a.repeat, "device_memory": mem, "bandwidth": bw, "rows": n, "features": a.features,
                "k": a.clusters, "iterations": a.iterations, "block_rows": a.block_rows, "data_bytes": X.nbytes,
                "bars": bars,
                "results": [{k: v for k, v in r.items() if k != "centers"} for r in results]}
