@@ -1,6 +1,6 @@
 """Every benchmark script runs to its end at tiny sizes and writes its JSON (smoke tests).
 
-The figures at these sizes mean nothing (a bar may or may not be met: exit status 1 says "not met"),
+The figures at these sizes mean nothing (a bar may or may not be met; load_balance and overhead exit 1 then),
 so only a crash fails: a benchmark that stopped working would otherwise be found on the day its
 numbers are needed, possibly on a GPU machine's scarce time. Baselines that need the ``bench``
 extra (dask-ml) are skipped.
