@@ -59,13 +59,11 @@ def _set_cuda_speeds(speeds):
     _CUDA_SPEEDS = list(speeds)
 
 
-def _host(x):
-    return x.get() if hasattr(x, "get") else x
-
-
 def synthetic_chunk(blk, row_cost, it):
     _spin(blk, row_cost)
-    return _host(blk.sum(axis=0, dtype=np.float64)) * 0 + blk.shape[0] + it * 0
+    from gdask.gdataset._blocks import to_numpy
+
+    return to_numpy(blk.sum(axis=0, dtype=np.float64)) * 0 + blk.shape[0] + it * 0
 
 
 def synthetic_combine(parts):

@@ -14,6 +14,11 @@ from typing import Any, Hashable, Iterable, Mapping
 __all__ = ["DurationModel", "EarliestFinish", "size_bucket"]
 
 
+def _units(nbytes: float) -> float:
+    """What cells and work are per: the input bytes, or the task for a task without input."""
+    return float(nbytes) if nbytes > 0 else 1.0
+
+
 def size_bucket(nbytes: float) -> int:
     """Power-of-two size class of a task's input (0 for no input): tasks within 2x share estimates."""
     n = int(nbytes)
@@ -136,7 +141,7 @@ class DurationModel:
         if not (math.isfinite(seconds) and seconds >= 0):
             raise ValueError(f"seconds must be a finite number >= 0, got {seconds!r}")
         b = size_bucket(nbytes)
-        u = float(nbytes) if nbytes > 0 else 1.0  # cells hold seconds per input byte
+        u = _units(nbytes)  # cells hold seconds per input byte
         self._seen.setdefault(device, None)
         if self.warmup:
             seen = self._warm.get((kind, device), 0)
@@ -202,7 +207,7 @@ class DurationModel:
     def work(self, kind: Hashable, nbytes: float) -> float:
         """Seconds a task of ``kind`` takes at speed 1 (nearest size class scaled by size)."""
         b = size_bucket(nbytes)
-        u = float(nbytes) if nbytes > 0 else 1.0
+        u = _units(nbytes)
         w = self._work.get((kind, b))
         if w is not None:
             return w.value * u
@@ -222,7 +227,7 @@ class DurationModel:
         """Predicted seconds for a task of ``kind`` with ``nbytes`` of input on ``device``."""
         cell = self._cells.get((kind, size_bucket(nbytes), device))
         if cell is not None:
-            return cell.value * (float(nbytes) if nbytes > 0 else 1.0)
+            return cell.value * _units(nbytes)
         return self.work(kind, nbytes) / self.speed(device)
 
     def output_nbytes(self, kind: Hashable, default: float = 0.0) -> float:

@@ -136,12 +136,7 @@ class ScanOrder:
         O(1): positions are computed once per pass (reads that deviate a little from the
         predicted order shift distances by that deviation only).
         """
-        pred, pred_pos, _, next_pos = self._plan()
-        cursor = len(self._current)
-        if key in self._seen:
-            return (len(pred) - cursor) + next_pos.get(key, math.inf)
-        p = pred_pos.get(key)
-        return math.inf if p is None else float(max(0, p - cursor))
+        return self.next_uses((key,))[0]
 
     def next_uses(self, keys: Iterable[Key]) -> list[float]:
         """:meth:`next_use` of each of ``keys`` (one plan lookup for all: eviction asks for every

@@ -439,7 +439,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         self._check_fitted()
         G, _ = self._prepare(X, reset=False)
         _, mind = self._assign(G, to_numpy(self.cluster_centers_).astype(G.dtype))
-        return -_weighted_sum(mind, self._weights(sample_weight, G))
+        return -_bounds._weighted_total(mind, self._weights(sample_weight, G))
 
 
 def _settled(centers: np.ndarray, moves: np.ndarray) -> bool:
@@ -477,10 +477,6 @@ def _farthest_rows(blk, centers, m, w=None):
     return mind[idx], labels[idx], to_numpy(blk[idx]), np.ones(idx.size) if w is None else to_numpy(w)[idx]
 
 
-def _weighted_sum(values: np.ndarray, w: np.ndarray | None) -> float:
-    return float(values.sum() if w is None else values @ w)
-
-
 def _next_centers(stats: dict, centers: np.ndarray, dtype: Any, far: tuple | None = None) -> np.ndarray | None:
     """The new centers from one iteration's combined statistics: the mean of each cluster's rows.
     Empty clusters take the rows farthest from their centers, which leave their old clusters
@@ -510,9 +506,8 @@ def _next_centers(stats: dict, centers: np.ndarray, dtype: Any, far: tuple | Non
     return new.astype(dtype)
 
 
-def _collect_labels(G: GDataSet, groups: list | None, found: list) -> tuple[np.ndarray, float]:
+def _collect_labels(G: GDataSet, groups: list, found: list) -> tuple[np.ndarray, float]:
     """All rows' labels (int32) and the inertia from per-group lists of per-block (labels, inertia)."""
-    groups = groups or [[b] for b in range(G.nblocks)]
     offs = tuple(G.block_offsets) + (G.shape[0],)
     labels = np.empty(G.shape[0], np.int32)
     inertia = [0.0] * G.nblocks
