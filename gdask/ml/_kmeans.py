@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import threading
 import time
 import uuid
 from typing import Any
@@ -16,7 +17,8 @@ from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
 from gdask.gdataset import GDataSet, from_array
 from gdask.gdataset import from_dask_array as gdask_from_dask_array
 from gdask.gdataset import from_dataframe
-from gdask.gdataset._blocks import array_module, sum_parts, to_numpy
+from gdask.gdataset._blocks import array_module, group_partial_op, sum_parts, to_numpy
+from gdask.gdataset._collective import CollectiveError, run_on_workers
 from gdask.gdataset._repr import persisted_futures
 from gdask.ml import _bounds, _kernels
 from gdask.ml._input import check_finite as _check_finite
@@ -101,7 +103,11 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
     Accepts NumPy / CuPy arrays, pandas DataFrames and GDataSets; works with a
     ``distributed.Client`` (blocks on the cluster's devices) or without one (local threads).
     Each Lloyd iteration runs one fused kernel per block (distances + argmin + partial sums) and
-    a tree reduction of the small partials.
+    a tree reduction of the small partials. With a Client and persisted data that fits on the
+    devices, the whole loop runs as one task per worker, the workers exchanging their partials
+    directly (no client round trip per iteration; same result as the loop from the client, which
+    runs instead when the data streams, config ``gdask.ml.worker-loop`` is false, or a worker
+    cannot take part).
 
     Parameters
     ----------
@@ -303,7 +309,6 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         if persisted_futures(G) is None:  # persisting again would cost a round trip
             G = G.persist()
         W = None if w is None else from_array(w, block_rows=G.row_blocks).persist()
-        wargs = () if W is None else (W,)
         rng = np.random.default_rng(self.random_state if not isinstance(self.random_state, np.random.RandomState)
                                     else self.random_state.randint(2**31))
         if self.tol > 0:  # tol is relative to the mean variance (as scikit-learn); 0 needs no pass
@@ -316,64 +321,118 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
             if kind != "numpy" and isinstance(self.init, str):  # the init reads the data: check first
                 _check_finite(G)
         centers = self._init_centers(G, rng, w, W)
-        # one task per worker thread over the blocks it holds, combined here: one round trip per iteration;
-        # data larger than the devices streams through the window cache one block per task instead (a
-        # task over a group of blocks would need them all on the device at once)
+        # one task per worker thread over the blocks it holds (groups), whether the loop runs on the
+        # workers or from here; data larger than the devices streams through the window cache one
+        # block per task instead (a task over a group of blocks would need them all on the device at once)
         streaming = _exceeds_devices(G)
         groups = [[b] for b in range(G.nblocks)] if streaming else G.block_groups()
         bounds = not streaming and (self.algorithm == "elkan" or (self.algorithm == "auto" and d >= 8))
         # bounds live with the blocks on the workers, under a key of this fit (freed by the final pass)
-        targs = (uuid.uuid4().hex,) if bounds else ()
-        settled = False  # centers move less than the bounds can absorb: bounds pay from here on
-        last_move = 0.0  # the largest squared move of a center in the previous iteration (none yet)
-        times = []
+        tokens = []
+
+        def start() -> _Loop:
+            tokens.append(uuid.uuid4().hex if bounds else None)
+            return _Loop(centers, bounds, tokens[-1], tol, G.dtype, n, self.verbose)
+
+        try:
+            if not streaming and groups is not None and dask.config.get("gdask.ml.worker-loop"):
+                loop = start()
+                try:  # the whole loop on the workers: no client round trip per iteration
+                    labels, self.inertia_ = self._fit_on_workers(G, W, loop, groups)
+                except CollectiveError as e:  # the loop from here gives the same result
+                    logger.warning("KMeans: the loop on the workers did not run to its end (%s); "
+                                   "running it from the client", e)
+                else:
+                    return self._fitted(loop, labels, kind)
+            loop = start()  # from the initial centers again, with bounds of its own
+            labels, self.inertia_ = self._fit_from_client(G, W, loop, groups, streaming)
+        finally:
+            for token in tokens:
+                if token is not None:
+                    _bounds.free(token)
+        return self._fitted(loop, labels, kind)
+
+    def _fitted(self, loop: _Loop, labels: np.ndarray, kind: str) -> KMeans:
+        self.n_iter_ = loop.n_iter
+        self.iteration_times_ = loop.times
+        self.cluster_centers_ = loop.centers if kind != "cupy" else _xp_from_host(loop.centers)
+        self.labels_ = labels if kind != "cupy" else _xp_from_host(labels)
+        return self
+
+    def _fit_from_client(self, G: GDataSet, W: GDataSet | None, loop: _Loop, groups: list | None,
+                         streaming: bool) -> tuple[np.ndarray, float]:
+        """The loop driven from here: one graph per iteration. Labels and inertia for the final centers."""
+        wargs = () if W is None else (W,)
         for it in range(self.max_iter):
             t0 = time.perf_counter()
-            if bounds and settled:
-                chunk, cargs = _bounds.bounds_partial, targs
-            else:  # while centers still jump, nearly every row fails its bounds: plain Lloyd is cheaper
-                chunk, cargs = _kernels.lloyd_partial, ()
+            chunk, cargs = loop.chunk()
             if streaming:  # forward and backward in turn: what a pass leaves on the device comes first next
                 from gdask import window_cache
 
                 with window_cache.scan(G.__dask_keys__(), it):
-                    part = G.reduce_blocks(chunk, _kernels.lloyd_combine, centers, *wargs, name="lloyd")
+                    part = G.reduce_blocks(chunk, _kernels.lloyd_combine, loop.centers, *wargs, name="lloyd")
                 stats = part.compute()
             else:
                 stats = _kernels.lloyd_combine(list(dask.compute(*G.reduce_groups(
-                    chunk, _kernels.lloyd_combine, centers, *cargs, *wargs, groups=groups, name="lloyd"))))
-            inertia = stats["inertia"]
+                    chunk, _kernels.lloyd_combine, loop.centers, *cargs, *wargs, groups=groups, name="lloyd"))))
             if not np.isfinite(stats["sums"]).all():  # every row is in some sum: NaN/inf in X show up here
-                _check_finite(G)
-                raise ValueError("K-means sums overflowed float64; scale the data down")
-            new = _next_centers(stats, centers, G.dtype)
-            if new is None:  # more empty clusters than the pass reported rows for: a pass for those
-                new = _next_centers(stats, centers, G.dtype, self._farthest(G, W, centers, stats))
-            moves = ((new.astype(np.float64) - centers) ** 2).sum(1)
-            shift = float(moves.sum())
-            # a center's largest move falling below half the previous one bets on settling: that pass
-            # builds the bounds (a little dearer than Lloyd's), so the next one can step on them
-            settled = bounds and (_settled(new, moves) or float(moves.max()) < _SETTLING * last_move)
-            last_move = float(moves.max())
-            centers = new
-            times.append(time.perf_counter() - t0)
-            if self.verbose:
-                if chunk is not _bounds.bounds_partial:
-                    what = f"inertia {inertia:.6g}"
-                else:  # a first bounds pass counts every row
-                    what = "bounds built" if stats["changed"] >= n else f"{stats['changed']} rows reassigned"
-                print(f"iteration {it + 1}: {times[-1] * 1e3:.1f} ms, {what}, center shift {shift:.3g}")
-            if shift <= tol:
+                self._raise_not_finite(G)
+            done = loop.advance(stats, lambda c, s: self._farthest(G, W, c, s), t0)
+            if loop.lines:
+                print(loop.lines[-1])
+            if done:
                 break
-        self.n_iter_ = it + 1
-        self.iteration_times_ = times
-        self.cluster_centers_ = centers if kind != "cupy" else _xp_from_host(centers)
         # the labels for the final centers: from the bounds when the last iteration stepped on them
-        labels, self.inertia_ = self._final_pass(G, centers, groups, cargs, wargs)
-        if bounds:
-            _bounds.free(targs[0])
-        self.labels_ = labels if kind != "cupy" else _xp_from_host(labels)
-        return self
+        return self._final_pass(G, loop.centers, groups, loop.cargs, wargs)
+
+    def _fit_on_workers(self, G: GDataSet, W: GDataSet | None, loop: _Loop,
+                        groups: list[list[int]]) -> tuple[np.ndarray, float]:
+        """The whole loop as one task per worker (:func:`gdask.gdataset._collective.run_on_workers`):
+        each computes its groups' partials, all-gathers them, and takes the same step as
+        :meth:`_fit_from_client` would. Raises ``CollectiveError`` when it could not run to its end."""
+        from distributed import default_client
+
+        from gdask.gdataset._repr import block_workers
+
+        client = default_client()
+        where = block_workers(G, client, wait_ready=True)
+        if where is None:
+            raise CollectiveError("the blocks' workers are not known")
+        workers = where[0]
+        peers = sorted({workers[g[0]] for g in groups})
+        mine: dict[str, list] = {a: [] for a in peers}
+        for gi, g in enumerate(groups):
+            mine[workers[g[0]]].append((gi, g, [G.block(b) for b in g], None if W is None else [W.block(b) for b in g]))
+        topic = f"gdask-kmeans-{uuid.uuid4().hex}" if self.verbose else None
+        printed: list[int] = []
+        lock = threading.Lock()
+
+        def show(index: int, line: str) -> None:
+            with lock:
+                if index == len(printed):
+                    print(line)
+                    printed.append(index)
+
+        if topic:
+            client.subscribe_topic(topic, lambda event: show(*event[1]))
+        try:
+            results = run_on_workers(client, _fit_on_worker, peers,
+                                     [(mine[a], loop.state(), self.max_iter, topic) for a in peers], name="kmeans")
+        finally:
+            if topic:
+                client.unsubscribe_topic(topic)
+        if results[0] is None:  # the sums were not finite (every rank saw the same)
+            self._raise_not_finite(G)
+        loop.load(results[0]["loop"])
+        for i, line in enumerate(loop.lines):  # the lines the topic did not bring in time
+            show(i, line)
+        found = dict(kv for r in results for kv in r["found"].items())
+        return _collect_labels(G, groups, [found[gi] for gi in range(len(groups))])
+
+    @staticmethod
+    def _raise_not_finite(G: GDataSet) -> None:
+        _check_finite(G)
+        raise ValueError("K-means sums overflowed float64; scale the data down")
 
     def _final_pass(self, G: GDataSet, centers: np.ndarray, groups: list | None, bounds: tuple,
                     wargs: tuple) -> tuple[np.ndarray, float]:
@@ -440,6 +499,108 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         G, _ = self._prepare(X, reset=False)
         _, mind = self._assign(G, to_numpy(self.cluster_centers_).astype(G.dtype))
         return -_bounds._weighted_total(mind, self._weights(sample_weight, G))
+
+
+class _Loop:
+    """A fit's state between passes and the decisions taken on it: the next centers, whether the
+    next pass steps on the bounds, convergence. The loop from the client and the loop on the
+    workers both run this, so they take the same steps to the same result."""
+
+    def __init__(self, centers: np.ndarray, bounds: bool, token: str | None, tol: float, dtype: Any, n: int,
+                 verbose: bool | int) -> None:
+        self.centers = centers
+        self.bounds = bounds
+        self.token = token
+        self.tol = tol
+        self.dtype = np.dtype(dtype)
+        self.n = n
+        self.verbose = bool(verbose)
+        self.settled = False  # centers move less than the bounds can absorb: bounds pay from here on
+        self.last_move = 0.0  # the largest squared move of a center in the previous iteration (none yet)
+        self.cargs: tuple = ()  # the chunk arguments of the last pass: (token,) when it stepped on bounds
+        self.n_iter = 0
+        self.times: list[float] = []
+        self.lines: list[str] = []
+
+    def chunk(self) -> tuple[Any, tuple]:
+        """The per-block function of the next pass and its extra arguments."""
+        if self.bounds and self.settled:
+            self.cargs = (self.token,)
+            return _bounds.bounds_partial, self.cargs
+        self.cargs = ()  # while centers still jump, nearly every row fails its bounds: plain Lloyd is cheaper
+        return _kernels.lloyd_partial, self.cargs
+
+    def advance(self, stats: dict, farthest: Any, t0: float) -> bool:
+        """Take the step from one pass's combined statistics; whether the fit converged.
+        ``farthest(centers, stats)`` is the extra pass for more empty clusters than the pass
+        reported rows for."""
+        new = _next_centers(stats, self.centers, self.dtype)
+        if new is None:
+            new = _next_centers(stats, self.centers, self.dtype, farthest(self.centers, stats))
+        moves = ((new.astype(np.float64) - self.centers) ** 2).sum(1)
+        shift = float(moves.sum())
+        # a center's largest move falling below half the previous one bets on settling: that pass
+        # builds the bounds (a little dearer than Lloyd's), so the next one can step on them
+        self.settled = self.bounds and (_settled(new, moves) or float(moves.max()) < _SETTLING * self.last_move)
+        self.last_move = float(moves.max())
+        self.centers = new
+        self.n_iter += 1
+        self.times.append(time.perf_counter() - t0)
+        if self.verbose:
+            if not self.cargs:
+                what = f"inertia {stats['inertia']:.6g}"
+            else:  # a first bounds pass counts every row
+                what = "bounds built" if stats["changed"] >= self.n else f"{stats['changed']} rows reassigned"
+            self.lines.append(f"iteration {self.n_iter}: {self.times[-1] * 1e3:.1f} ms, {what}, "
+                              f"center shift {shift:.3g}")
+        return shift <= self.tol
+
+    def state(self) -> dict:
+        return dict(vars(self))
+
+    def load(self, state: dict) -> None:
+        vars(self).update(state)
+
+
+def _group_partial(func: Any, combine: Any, blocks: list, args: tuple, weights: list | None) -> Any:
+    """What the task of one group of blocks computes in the loop from the client (``reduce_groups``)."""
+    flat = [a for j, blk in enumerate(blocks) for a in (blk, *args, *(() if weights is None else (weights[j],)))]
+    return group_partial_op(func, combine, len(flat) // len(blocks), *flat, host=True)
+
+
+def _fit_on_worker(comm: Any, mine: list, state: dict, max_iter: int, topic: str | None) -> dict | None:
+    """One worker's task of :meth:`KMeans._fit_on_workers`: ``mine`` lists its groups as
+    ``(group index, block indices, blocks, weight blocks or None)``. Returns the loop's final
+    state and, per group, what the final labels pass of the loop from the client returns; None
+    when the sums were not finite."""
+    loop = _Loop.__new__(_Loop)
+    loop.load(state)
+    for _ in range(max_iter):
+        t0 = time.perf_counter()
+        chunk, cargs = loop.chunk()
+        own = [(gi, _group_partial(chunk, _kernels.lloyd_combine, blocks, (loop.centers, *cargs), ws))
+               for gi, _, blocks, ws in mine]
+        parts = sorted((p for ps in comm.allgather(own) for p in ps), key=lambda p: p[0])
+        stats = _kernels.lloyd_combine([p for _, p in parts])  # in group order, as the client combines them
+        if not np.isfinite(stats["sums"]).all():
+            return None
+        done = loop.advance(stats, lambda c, s: _farthest_on_workers(comm, mine, c, s), t0)
+        if topic and loop.lines and comm.rank == 0:
+            comm.worker.log_event(topic, (len(loop.lines) - 1, loop.lines[-1]))
+        if done:
+            break
+    func = _bounds_labels_host if loop.cargs else _labels_host
+    found = {gi: _group_partial(func, _join_lists, blocks, (loop.centers, *loop.cargs), ws) for gi, _, blocks, ws in mine}
+    return {"loop": loop.state(), "found": found}
+
+
+def _farthest_on_workers(comm: Any, mine: list, centers: np.ndarray, stats: dict) -> tuple:
+    """:meth:`KMeans._farthest` on the workers: every block's farthest rows, all-gathered in block order."""
+    m = int((stats["counts"] == 0).sum())
+    own = [(b, _farthest_rows(blk, centers, m, None if ws is None else ws[j]))
+           for _, g, blocks, ws in mine for j, (b, blk) in enumerate(zip(g, blocks))]
+    rows = [r for _, r in sorted((p for ps in comm.allgather(own) for p in ps), key=lambda p: p[0])]
+    return tuple(np.concatenate([r[i] for r in rows], axis=0) for i in range(4))
 
 
 def _settled(centers: np.ndarray, moves: np.ndarray) -> bool:

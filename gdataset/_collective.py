@@ -1,0 +1,282 @@
+"""Loops that run on the workers: one long task per worker, small results exchanged worker to worker.
+
+An iterative fit driven from the client pays, every iteration, for a graph sent to the scheduler,
+tasks sent to the workers, results reported back and gathered by the client: on a small cluster
+that round trip is tens of milliseconds, which late in a K-means fit is longer than the
+iteration's own work. When the data is persisted and fits on the devices, the loop can instead
+run inside one task per worker (the workers that hold the blocks) that exchange their partial
+results directly, as cuML's multi-GPU estimators do with NCCL and xgboost's Dask interface with
+its allreduce: :meth:`Communicator.allgather` is one message from each worker to each other one.
+Every worker then combines the same partials in the same order, so all of them compute the same
+next iterate without the client.
+
+The messages go through a handler that the ``gdask-collective`` worker plugin adds to each worker
+(:func:`ensure_plugin`, once per client). A loop that cannot run this way, because a worker is
+busy with other tasks when it starts, leaves, or raises, ends with :class:`CollectiveError` on the
+client after every task of the loop was told to stop: the caller then runs its ordinary
+graph-per-iteration loop, with the same result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable, Sequence
+
+import dask
+
+logger = logging.getLogger("gdask.gdataset")
+
+__all__ = ["CollectiveError", "Communicator", "run_on_workers", "ensure_plugin"]
+
+_HANDLER = "gdask_collective"
+_ABORT_HANDLER = "gdask_collective_abort"
+_PLUGIN = "gdask-collective"
+
+
+class CollectiveError(RuntimeError):
+    """A loop on the workers could not run to its end (the caller falls back to one graph per step)."""
+
+
+# -- the worker side: a mailbox per process ----------------------------------------------------
+_cond = threading.Condition()
+_box: dict[tuple[str, int], dict[int, Any]] = {}  # (loop token, step) -> {rank: payload}
+_aborted: dict[str, str] = {}  # loop token -> why
+_finished: OrderedDict[str, None] = OrderedDict()  # recent ended loops: late messages are dropped
+_MAX_FINISHED = 256
+
+
+def _deliver(token: str, step: int, rank: int, data: Any) -> None:
+    with _cond:
+        if token in _finished:
+            return
+        _box.setdefault((token, step), {})[rank] = data
+        _cond.notify_all()
+
+
+def _abort_local(token: str, reason: str) -> None:
+    with _cond:
+        if token in _finished:
+            return
+        _aborted.setdefault(token, reason)
+        _cond.notify_all()
+
+
+def _finish(token: str) -> None:
+    with _cond:
+        _finished[token] = None
+        while len(_finished) > _MAX_FINISHED:
+            _finished.popitem(last=False)
+        _aborted.pop(token, None)
+        for key in [k for k in _box if k[0] == token]:
+            del _box[key]
+
+
+async def _handle(token: str = "", step: int = 0, rank: int = 0, data: Any = None) -> str:
+    _deliver(token, step, rank, data)
+    return "OK"
+
+
+async def _handle_abort(token: str = "", reason: str = "") -> str:
+    _abort_local(token, reason)
+    return "OK"
+
+
+def _install(worker: Any) -> None:
+    worker.handlers[_HANDLER] = _handle
+    worker.handlers[_ABORT_HANDLER] = _handle_abort
+
+
+try:
+    from distributed import WorkerPlugin
+except ImportError:  # pragma: no cover - distributed is a dependency
+    WorkerPlugin = object  # type: ignore[assignment,misc]
+
+
+class CollectivePlugin(WorkerPlugin):
+    """Adds the message handlers of :class:`Communicator` to every worker (also ones that join later)."""
+
+    name = _PLUGIN
+    idempotent = True
+
+    def setup(self, worker: Any) -> None:
+        _install(worker)
+
+
+_registered: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def ensure_plugin(client: Any) -> None:
+    """Register :class:`CollectivePlugin` on ``client``'s cluster (a round trip the first time only)."""
+    if client in _registered:
+        return
+    client.register_plugin(CollectivePlugin(), name=_PLUGIN)
+    _registered[client] = True
+
+
+class Communicator:
+    """What a loop's task on one worker uses to talk to the loop's other tasks.
+
+    ``rank`` is this task's index in ``peers`` (worker addresses, one per task; a worker may
+    appear more than once). :meth:`allgather` gives every task the list of all tasks' values in
+    rank order.
+    """
+
+    def __init__(self, token: str, rank: int, peers: Sequence[str], timeout: float | None) -> None:
+        self.token = token
+        self.rank = rank
+        self.peers = list(peers)
+        self.size = len(self.peers)
+        self.timeout = timeout
+        self._step = 0
+        from distributed import get_worker
+
+        self._worker = get_worker()
+
+    @property
+    def worker(self) -> Any:
+        """The ``distributed.Worker`` this task runs on."""
+        return self._worker
+
+    def _send(self, addr: str, handler: str, **msg: Any):
+        worker = self._worker
+        coro = getattr(worker.rpc(addr), handler)(**msg)
+        return asyncio.run_coroutine_threadsafe(coro, worker.loop.asyncio_loop)
+
+    def allgather(self, value: Any, timeout: float | None = None) -> list[Any]:
+        """Every task's ``value``, in rank order (each task calls this the same number of times).
+
+        Raises :class:`CollectiveError` when the loop was aborted (another task failed, or the
+        client stopped it) or no value came from some task within ``timeout`` seconds (default
+        the communicator's)."""
+        from distributed.protocol import to_serialize
+
+        step = self._step
+        self._step += 1
+        me = self._worker.address
+        sends = []
+        for r, addr in enumerate(self.peers):
+            if r == self.rank:
+                continue
+            if addr == me:
+                _deliver(self.token, step, self.rank, value)
+            else:
+                sends.append(self._send(addr, _HANDLER, token=self.token, step=step, rank=self.rank,
+                                        data=to_serialize(value)))
+        _deliver(self.token, step, self.rank, value)
+        limit = self.timeout if timeout is None else timeout
+        deadline = None if limit is None else time.monotonic() + limit
+        key = (self.token, step)
+        with _cond:
+            while True:
+                if self.token in _aborted:
+                    raise CollectiveError(f"loop stopped: {_aborted[self.token]}")
+                got = _box.get(key, {})
+                if len(got) == self.size:
+                    del _box[key]
+                    break
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    missing = sorted(set(range(self.size)) - set(got))
+                    raise CollectiveError(f"no value from rank(s) {missing} of {self.size} within {limit:g} s "
+                                          f"(step {step})")
+                _cond.wait(left if left is not None else 1.0)
+        for s in sends:  # a peer that could not be reached: stop here, not in the next step
+            try:
+                s.result()
+            except Exception as e:  # noqa: BLE001 - any failure to deliver ends the loop
+                raise CollectiveError(f"could not reach a peer: {e!r}") from e
+        return [got[r] for r in range(self.size)]
+
+    def abort(self, reason: str) -> None:
+        """Tell every task of the loop (this one included) to stop; best effort, does not wait."""
+        _abort_local(self.token, reason)
+        for addr in set(self.peers) - {self._worker.address}:
+            try:
+                self._send(addr, _ABORT_HANDLER, token=self.token, reason=reason)
+            except Exception as e:  # noqa: BLE001 - the peer may be gone
+                logger.debug("could not tell %s to stop loop %s: %r", addr, self.token, e)
+
+
+def _task(token: str, rank: int, peers: list[str], start_timeout: float, timeout: float | None,
+          func: Callable[..., Any], *args: Any) -> Any:
+    with _cond:
+        if token in _finished:  # started after the loop ended (e.g. it could not start in time)
+            raise CollectiveError("the loop already ended")
+    comm = Communicator(token, rank, peers, timeout)
+    try:
+        # every task must be running before any waits for another's work: a worker still busy
+        # with other tasks ends the loop now (the caller falls back) instead of stalling it
+        comm.allgather(None, timeout=start_timeout)
+        return func(comm, *args)
+    except CollectiveError as e:
+        comm.abort(str(e))
+        raise
+    except BaseException as e:
+        comm.abort(f"rank {rank} raised {e!r}")
+        raise
+    finally:
+        _finish(token)
+
+
+def _abort_on_worker(token: str, reason: str) -> None:
+    _abort_local(token, reason)
+
+
+def run_on_workers(client: Any, func: Callable[..., Any], peers: Sequence[str], args: Sequence[tuple],
+                   *, name: str = "loop", poll: float = 0.5) -> list[Any]:
+    """Run ``func(comm, *args[r])`` as one task per rank ``r`` on worker ``peers[r]``, all at once;
+    their results in rank order.
+
+    ``args`` may hold Dask collections and futures (e.g. persisted blocks): they arrive computed,
+    and blocks already on ``peers[r]`` are not moved. Raises :class:`CollectiveError` if the loop
+    did not run to its end (a task raised, a worker left, or a task could not start within
+    ``gdask.collective.start-timeout``); every task still running is then told to stop.
+    """
+    from distributed import wait
+
+    ensure_plugin(client)
+    start_timeout = float(dask.config.get("gdask.collective.start-timeout"))
+    timeout = dask.config.get("gdask.collective.timeout")
+    timeout = None if timeout is None else float(timeout)
+    token = uuid.uuid4().hex
+    peers = list(peers)
+    futures = []
+    for r, (addr, a) in enumerate(zip(peers, args)):
+        task = dask.delayed(_task, pure=False)(token, r, peers, start_timeout, timeout, func, *a,
+                                               dask_key_name=f"{name}-{token}-{r}")
+        futures.append(client.compute(task, workers=[addr], allow_other_workers=False))
+    try:
+        while True:
+            try:  # the tasks end together: this returns for the first, and waits for the others next
+                wait([f for f in futures if f.status == "pending"], timeout=poll, return_when="FIRST_COMPLETED")
+            except TimeoutError:
+                pass
+            failed = [f for f in futures if f.status in ("error", "cancelled", "lost")]
+            if failed:
+                exc = failed[0].exception() if failed[0].status == "error" else failed[0].status
+                raise CollectiveError(f"{name} on the workers failed: {exc!r}")
+            if all(f.status == "finished" for f in futures):
+                return client.gather(futures)
+            gone = set(peers) - set(client.scheduler_info(n_workers=-1)["workers"])
+            if gone:
+                raise CollectiveError(f"{name} on the workers lost worker(s) {sorted(gone)}")
+    except BaseException as e:
+        _stop(client, token, peers, futures, f"stopped by the client: {e!r}")
+        raise
+
+
+def _stop(client: Any, token: str, peers: list[str], futures: list, reason: str) -> None:
+    alive = set(peers)
+    try:
+        alive &= set(client.scheduler_info(n_workers=-1)["workers"])
+        if alive:
+            client.run(_abort_on_worker, token, reason, workers=sorted(alive), on_error="ignore")
+    except Exception as e:  # noqa: BLE001 - the cluster may be going away
+        logger.debug("could not stop loop %s on the workers: %r", token, e)
+    client.cancel(futures)

@@ -1,0 +1,74 @@
+"""Loops on the workers (gdask.gdataset._collective): one task per worker, all-gathers between them."""
+
+import os
+import time
+
+import dask
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+
+from gdask.gdataset._collective import CollectiveError, run_on_workers
+
+
+def _gather_steps(comm, value, steps):
+    return [comm.allgather((comm.rank, value, s)) for s in range(steps)]
+
+
+def _fail_at(comm, rank, step, how):
+    for s in range(step + 1):
+        if comm.rank == rank and s == step:
+            if how == "exit":
+                os._exit(1)  # the worker process dies mid-loop
+            raise ValueError("rank failed on purpose")
+        comm.allgather(s)
+    return "unreachable for the others: the failing rank never sends this step"
+
+
+def _workers(client):
+    return sorted(client.scheduler_info(n_workers=-1)["workers"])
+
+
+def test_allgather_in_rank_order(client):
+    peers = _workers(client)
+    out = run_on_workers(client, _gather_steps, peers, [(np.arange(3) * r, 4) for r in range(len(peers))])
+    assert len(out) == len(peers)
+    for res in out:  # every rank saw every rank's value of every step, in rank order
+        assert len(res) == 4
+        for s, step in enumerate(res):
+            assert [v[0] for v in step] == list(range(len(peers)))
+            assert [v[2] for v in step] == [s] * len(peers)
+            for r, v in enumerate(step):
+                np.testing.assert_array_equal(v[1], np.arange(3) * r)
+
+
+def test_a_failing_rank_stops_the_others_at_once(client):
+    peers = _workers(client)
+    t0 = time.monotonic()
+    with dask.config.set({"gdask.collective.timeout": 120}):
+        with pytest.raises(CollectiveError, match="rank failed on purpose"):
+            run_on_workers(client, _fail_at, peers, [(1, 2, "raise")] * len(peers))
+    # the others were waiting for the failing rank's step 2: the abort, not the 120 s timeout, ended them
+    assert time.monotonic() - t0 < 60
+    # and the workers are free again
+    assert run_on_workers(client, _gather_steps, peers, [(r, 1) for r in range(len(peers))])[0][0][1] == (1, 1, 0)
+
+
+def test_a_rank_that_cannot_start_ends_the_loop(client):
+    addr = _workers(client)[0]  # two ranks on one worker that runs one task at a time (one stream)
+    with dask.config.set({"gdask.collective.start-timeout": 1}):
+        with pytest.raises(CollectiveError, match="within 1 s"):
+            run_on_workers(client, _gather_steps, [addr, addr], [(0, 1), (1, 1)])
+
+
+def test_plain_cluster_and_a_lost_worker():
+    """A distributed.LocalCluster without gdask's worker plugins; a worker process dying mid-loop."""
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster, Client(cluster) as c:
+        peers = _workers(c)
+        res = run_on_workers(c, _gather_steps, peers, [("a", 2), ("b", 2)])
+        assert [v[1] for v in res[1][1]] == ["a", "b"]
+        t0 = time.monotonic()
+        with dask.config.set({"gdask.collective.timeout": 120}):
+            with pytest.raises(CollectiveError):
+                run_on_workers(c, _fail_at, peers, [(1, 1, "exit")] * 2)
+        assert time.monotonic() - t0 < 60
