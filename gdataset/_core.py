@@ -15,7 +15,6 @@ from dask.base import DaskMethodsMixin, tokenize
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Alias, DataNode, Task, TaskRef
-from dask.utils import format_bytes
 
 from gdask.gdataset import _blocks
 
@@ -330,18 +329,9 @@ class GDataSet(DaskMethodsMixin):
         persisted. Waits for blocks still being persisted and asks the scheduler where they are:
         call it once per loop, not per iteration.
         """
-        from gdask.gdataset._repr import block_workers
+        from gdask.gdataset._repr import block_workers, groups_of
 
-        where = block_workers(self, client, wait_ready=True)
-        if where is None or len(where[0]) != self.nblocks:
-            return None
-        workers, nthreads = where
-        groups: list[list[int]] = []
-        for addr in sorted(set(workers.values())):
-            mine = sorted(i for i, w in workers.items() if w == addr)
-            t = max(1, min(nthreads.get(addr, 1), len(mine)))
-            groups.extend(mine[j::t] for j in range(t))
-        return groups
+        return groups_of(block_workers(self, client, wait_ready=True), self.nblocks)
 
     def to_delayed(self) -> list[Delayed]:
         return [self.block(i) for i in range(self.nblocks)]

@@ -21,6 +21,19 @@ def persisted_futures(x) -> list | None:
     return futures
 
 
+def groups_of(where: tuple[dict[int, str], dict[str, int]] | None, nblocks: int) -> list[list[int]] | None:
+    """:meth:`GDataSet.block_groups` from :func:`block_workers`'s answer ``where``."""
+    if where is None or len(where[0]) != nblocks:
+        return None
+    workers, nthreads = where
+    groups: list[list[int]] = []
+    for addr in sorted(set(workers.values())):
+        mine = sorted(i for i, w in workers.items() if w == addr)
+        t = max(1, min(nthreads.get(addr, 1), len(mine)))
+        groups.extend(mine[j::t] for j in range(t))
+    return groups
+
+
 def block_workers(x, client=None, wait_ready: bool = False) -> tuple[dict[int, str], dict[str, int]] | None:
     """``({block index: worker address}, {worker address: nthreads})`` for the blocks of ``x`` held
     in cluster memory (first holder of each), or ``None`` without a client or persisted blocks.

@@ -19,7 +19,7 @@ from gdask.gdataset import from_dask_array as gdask_from_dask_array
 from gdask.gdataset import from_dataframe
 from gdask.gdataset._blocks import array_module, group_partial_op, sum_parts, to_numpy
 from gdask.gdataset._collective import CollectiveError, run_on_workers
-from gdask.gdataset._repr import persisted_futures
+from gdask.gdataset._repr import block_workers, groups_of, persisted_futures
 from gdask.ml import _bounds, _kernels
 from gdask.ml._input import check_finite as _check_finite
 from gdask.ml._input import estimator_job
@@ -325,7 +325,8 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         # workers or from here; data larger than the devices streams through the window cache one
         # block per task instead (a task over a group of blocks would need them all on the device at once)
         streaming = _exceeds_devices(G)
-        groups = [[b] for b in range(G.nblocks)] if streaming else G.block_groups()
+        where = None if streaming else block_workers(G, wait_ready=True)  # one question to the scheduler
+        groups = [[b] for b in range(G.nblocks)] if streaming else groups_of(where, G.nblocks)
         bounds = not streaming and (self.algorithm == "elkan" or (self.algorithm == "auto" and d >= 8))
         # bounds live with the blocks on the workers, under a key of this fit (freed by the final pass)
         tokens = []
@@ -338,7 +339,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
             if not streaming and groups is not None and dask.config.get("gdask.ml.worker-loop"):
                 loop = start()
                 try:  # the whole loop on the workers: no client round trip per iteration
-                    labels, self.inertia_ = self._fit_on_workers(G, W, loop, groups)
+                    labels, self.inertia_ = self._fit_on_workers(G, W, loop, groups, where[0])
                 except CollectiveError as e:  # the loop from here gives the same result
                     logger.warning("KMeans: the loop on the workers did not run to its end (%s); "
                                    "running it from the client", e)
@@ -385,20 +386,15 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         # the labels for the final centers: from the bounds when the last iteration stepped on them
         return self._final_pass(G, loop.centers, groups, loop.cargs, wargs)
 
-    def _fit_on_workers(self, G: GDataSet, W: GDataSet | None, loop: _Loop,
-                        groups: list[list[int]]) -> tuple[np.ndarray, float]:
+    def _fit_on_workers(self, G: GDataSet, W: GDataSet | None, loop: _Loop, groups: list[list[int]],
+                        workers: dict[int, str]) -> tuple[np.ndarray, float]:
         """The whole loop as one task per worker (:func:`gdask.gdataset._collective.run_on_workers`):
         each computes its groups' partials, all-gathers them, and takes the same step as
-        :meth:`_fit_from_client` would. Raises ``CollectiveError`` when it could not run to its end."""
+        :meth:`_fit_from_client` would. ``workers`` maps blocks to the workers holding them. Raises
+        ``CollectiveError`` when the loop could not run to its end."""
         from distributed import default_client
 
-        from gdask.gdataset._repr import block_workers
-
         client = default_client()
-        where = block_workers(G, client, wait_ready=True)
-        if where is None:
-            raise CollectiveError("the blocks' workers are not known")
-        workers = where[0]
         peers = sorted({workers[g[0]] for g in groups})
         mine: dict[str, list] = {a: [] for a in peers}
         for gi, g in enumerate(groups):
