@@ -44,41 +44,44 @@ class CollectiveError(RuntimeError):
 
 
 # -- the worker side: a mailbox per process ----------------------------------------------------
+# A process may run several ranks of one loop (a worker with several threads, or a cluster with
+# processes=False): every message is addressed to one rank, and each rank's end is its own.
 _cond = threading.Condition()
-_box: dict[tuple[str, int], dict[int, Any]] = {}  # (loop token, step) -> {rank: payload}
-_aborted: dict[str, str] = {}  # loop token -> why
-_finished: OrderedDict[str, None] = OrderedDict()  # recent ended loops: late messages are dropped
-_MAX_FINISHED = 256
+_box: dict[tuple[str, int, int], dict[int, Any]] = {}  # (loop token, step, to rank) -> {from rank: value}
+_aborted: OrderedDict[str, str] = OrderedDict()  # loop token -> why it was stopped
+_finished: OrderedDict[tuple[str, int], None] = OrderedDict()  # ranks that ended: late messages are dropped
+_MAX_KEPT = 1024
 
 
-def _deliver(token: str, step: int, rank: int, data: Any) -> None:
+def _remember(d: OrderedDict, key: Any, value: Any) -> None:
+    d.setdefault(key, value)
+    while len(d) > _MAX_KEPT:
+        d.popitem(last=False)
+
+
+def _deliver(token: str, step: int, dest: int, src: int, data: Any) -> None:
     with _cond:
-        if token in _finished:
+        if (token, dest) in _finished:
             return
-        _box.setdefault((token, step), {})[rank] = data
+        _box.setdefault((token, step, dest), {})[src] = data
         _cond.notify_all()
 
 
 def _abort_local(token: str, reason: str) -> None:
     with _cond:
-        if token in _finished:
-            return
-        _aborted.setdefault(token, reason)
+        _remember(_aborted, token, reason)
         _cond.notify_all()
 
 
-def _finish(token: str) -> None:
+def _finish(token: str, rank: int) -> None:
     with _cond:
-        _finished[token] = None
-        while len(_finished) > _MAX_FINISHED:
-            _finished.popitem(last=False)
-        _aborted.pop(token, None)
-        for key in [k for k in _box if k[0] == token]:
+        _remember(_finished, (token, rank), None)
+        for key in [k for k in _box if k[0] == token and k[2] == rank]:
             del _box[key]
 
 
-async def _handle(token: str = "", step: int = 0, rank: int = 0, data: Any = None) -> str:
-    _deliver(token, step, rank, data)
+async def _handle(token: str = "", step: int = 0, dest: int = 0, src: int = 0, data: Any = None) -> str:
+    _deliver(token, step, dest, src, data)
     return "OK"
 
 
@@ -163,15 +166,15 @@ class Communicator:
         for r, addr in enumerate(self.peers):
             if r == self.rank:
                 continue
-            if addr == me:
-                _deliver(self.token, step, self.rank, value)
+            if addr == me:  # a rank in this process
+                _deliver(self.token, step, r, self.rank, value)
             else:
-                sends.append(self._send(addr, _HANDLER, token=self.token, step=step, rank=self.rank,
+                sends.append(self._send(addr, _HANDLER, token=self.token, step=step, dest=r, src=self.rank,
                                         data=to_serialize(value)))
-        _deliver(self.token, step, self.rank, value)
+        _deliver(self.token, step, self.rank, self.rank, value)
         limit = self.timeout if timeout is None else timeout
         deadline = None if limit is None else time.monotonic() + limit
-        key = (self.token, step)
+        key = (self.token, step, self.rank)
         with _cond:
             while True:
                 if self.token in _aborted:
@@ -206,8 +209,8 @@ class Communicator:
 def _task(token: str, rank: int, peers: list[str], start_timeout: float, timeout: float | None,
           func: Callable[..., Any], *args: Any) -> Any:
     with _cond:
-        if token in _finished:  # started after the loop ended (e.g. it could not start in time)
-            raise CollectiveError("the loop already ended")
+        if token in _aborted:  # started after the loop ended (e.g. another rank could not start in time)
+            raise CollectiveError(f"loop stopped before this rank started: {_aborted[token]}")
     comm = Communicator(token, rank, peers, timeout)
     try:
         # every task must be running before any waits for another's work: a worker still busy
@@ -221,7 +224,7 @@ def _task(token: str, rank: int, peers: list[str], start_timeout: float, timeout
         comm.abort(f"rank {rank} raised {e!r}")
         raise
     finally:
-        _finish(token)
+        _finish(token, rank)
 
 
 def _abort_on_worker(token: str, reason: str) -> None:

@@ -72,3 +72,18 @@ def test_plain_cluster_and_a_lost_worker():
             with pytest.raises(CollectiveError):
                 run_on_workers(c, _fail_at, peers, [(1, 1, "exit")] * 2)
         assert time.monotonic() - t0 < 60
+
+
+def test_several_ranks_in_one_process():
+    """Ranks that share a process (a worker with several threads, workers with processes=False) each
+    get their own messages and end on their own."""
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=False, dashboard_address=":0") as cluster, \
+            Client(cluster) as c:
+        a, b = _workers(c)
+        peers = [a, b, a, b]
+        for _ in range(3):  # again and again: a rank that ends first must not take the others' messages
+            out = run_on_workers(c, _gather_steps, peers, [(r, 5) for r in range(4)])
+            for res in out:
+                assert [[v[1] for v in step] for step in res] == [[0, 1, 2, 3]] * 5
+        with pytest.raises(CollectiveError, match="rank failed on purpose"):
+            run_on_workers(c, _fail_at, peers, [(2, 1, "raise")] * 4)
