@@ -1,7 +1,9 @@
 """K-means: gdask vs scikit-learn (Lloyd and Elkan), dask-ml KMeans and a plain dask.array Lloyd loop.
 
 gdask runs its default algorithm ("auto": Hamerly bounds from 8 features up, the same assignments
-as Lloyd) and, as "gdask (lloyd)", plain Lloyd. Same data, same initial centers, same number of iterations (tol=0), one run. Time per iteration is
+as Lloyd) and, as "gdask (lloyd)", plain Lloyd; both run their loop on the workers (one task per
+worker, partials exchanged between workers), and "gdask (client loop)" is the default algorithm
+with one graph per iteration from the client (config ``gdask.ml.worker-loop: false``). Same data, same initial centers, same number of iterations (tol=0), one run. Time per iteration is
 the whole ``fit`` (validation, set-up, iterations, final labels) divided by the iterations, the same
 definition for every implementation, best of ``--repeat`` fits (shared machines are noisy). Prints a
 table with time per iteration, ratio to scikit-learn and agreement of centers; ``--json PATH``
@@ -48,7 +50,14 @@ def run_sklearn(X, init, iters, repeat, algorithm="lloyd"):
     return t / it, c, it
 
 
-def run_gdask(X, init, iters, repeat, algorithm="auto"):
+def run_gdask(X, init, iters, repeat, algorithm="auto", worker_loop=True):
+    import dask
+
+    with dask.config.set({"gdask.ml.worker-loop": worker_loop}):
+        return _run_gdask(X, init, iters, repeat, algorithm)
+
+
+def _run_gdask(X, init, iters, repeat, algorithm):
     import gdask
     from gdask.ml import KMeans
 
@@ -121,7 +130,7 @@ def main(argv=None):
     p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--devices", type=int, default=None)
     p.add_argument("--skip", nargs="*", default=[],
-                   choices=["sklearn", "sklearn-elkan", "dask-ml", "dask-array", "gdask-lloyd"])
+                   choices=["sklearn", "sklearn-elkan", "dask-ml", "dask-array", "gdask-lloyd", "gdask-client-loop"])
     p.add_argument("--repeat", type=int, default=3, help="fits per implementation; the fastest counts")
     p.add_argument("--json", default=None, help="write results to this file")
     a = p.parse_args(argv)
@@ -138,6 +147,8 @@ def main(argv=None):
         results["gdask"] = (t, c, it)
         if "gdask-lloyd" not in a.skip:
             results["gdask (lloyd)"] = run_gdask(X, init, a.iterations, a.repeat, "lloyd")[:3]
+        if "gdask-client-loop" not in a.skip:
+            results["gdask (client loop)"] = run_gdask(X, init, a.iterations, a.repeat, worker_loop=False)[:3]
         if "dask-ml" not in a.skip:
             results["dask-ml"] = run_dask_ml(X, init, a.iterations, a.repeat)
         if "dask-array" not in a.skip:
@@ -152,13 +163,16 @@ def main(argv=None):
     print(f"\nK-means {n:,} x {a.features} float32, K={a.clusters}, {a.iterations} iterations (tol=0), "
           f"gdask on {ndev} {kind} device(s){' (emulated: CPU figures)' if kind == 'emulated' else ''}; "
           f"whole fit / iterations, best of {a.repeat}")
-    print(f"{'implementation':<18}{'ms/iter':>10}{'ratio to ' + ref_name:>26}{'max |center diff|':>20}{'iters':>7}")
+    print(f"{'implementation':<21}{'ms/iter':>10}{'ratio to ' + ref_name:>26}{'max |center diff|':>20}{'iters':>7}")
     rows = []
     for name, (t, c, it) in results.items():
         diff = float(np.abs(np.asarray(c, dtype=np.float64) - ref_c).max())
-        print(f"{name:<18}{t * 1e3:>10.1f}{t / ref_t:>26.3f}{diff:>20.2e}{it:>7}")
+        print(f"{name:<21}{t * 1e3:>10.1f}{t / ref_t:>26.3f}{diff:>20.2e}{it:>7}")
         rows.append({"name": name, "ms_per_iter": t * 1e3, "ratio": t / ref_t, "center_diff": diff, "n_iter": it})
     print(f"gdask iterations alone (without set-up and final labels): {gdask_loop * 1e3:.1f} ms/iter")
+    for name in ("dask-ml", "dask.array loop", "gdask (client loop)"):
+        if name in results:
+            print(f"{name} / gdask: {results[name][0] / results['gdask'][0]:.2f}x")
     bytes_pass = X.nbytes
     print(f"one pass over X reads {bytes_pass / 1e6:.0f} MB; at gdask's time that is "
           f"{bytes_pass / results['gdask'][0] / 1e9:.2f} GB/s")
