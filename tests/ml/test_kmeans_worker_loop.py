@@ -86,3 +86,35 @@ def test_falls_back_to_the_loop_from_the_client(client, data, monkeypatch, caplo
 
 
 run = _kmeans.run_on_workers
+
+
+def _die_at_call(n):
+    """On this worker, exit the process at the ``n``-th group pass of a K-means loop on the workers."""
+    import os
+
+    orig = _kmeans._group_partial
+    calls = [0]
+
+    def dying(*a, **k):
+        calls[0] += 1
+        if calls[0] >= n:
+            os._exit(1)
+        return orig(*a, **k)
+
+    _kmeans._group_partial = dying
+
+
+def test_a_worker_dying_mid_fit_gives_the_same_fit(caplog):
+    from distributed import Client
+
+    X = np.random.default_rng(0).random((100_000, 8), dtype=np.float32)
+    with gdask.LocalGPUCluster(n_devices=2, backend="emulated", device_memory="512MiB",
+                               dashboard_address=":0") as cluster, Client(cluster) as c:
+        G = gdask.from_array(X, block_rows=12_500).persist()
+        ref = KMeans(8, init=X[:8], max_iter=20, tol=0).fit(G)
+        victim = sorted(c.scheduler_info(n_workers=-1)["workers"])[1]
+        c.run(_die_at_call, 5, workers=[victim])
+        with caplog.at_level(logging.WARNING, logger="gdask.ml"):
+            km = KMeans(8, init=X[:8], max_iter=20, tol=0).fit(G)
+        assert "did not run to its end" in caplog.text  # the worker died inside the loop
+        _assert_same(km, ref)  # its blocks were recomputed and the loop from the client took over
