@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import defaultdict
 from typing import Any
@@ -158,6 +159,7 @@ class GPUPlacement(SchedulerPlugin):
             self._add(ws)
         scheduler.handlers["gdask_device_table"] = self._handle_table
         scheduler.handlers["gdask_placement_stats"] = self._handle_stats
+        scheduler.handlers["gdask_observe"] = self._handle_observe
 
     def add_worker(self, scheduler: Any, worker: str) -> None:
         if self.placer is not None and worker in scheduler.workers:
@@ -342,15 +344,36 @@ class GPUPlacement(SchedulerPlugin):
             return
         kind, nbytes = meta
         out = kwargs.get("nbytes")
-        self.model.observe(kind, nbytes, worker, seconds, out_nbytes=out if isinstance(out, int) else None)
+        self._observe(kind, nbytes, worker, seconds, out if isinstance(out, int) else None)
+        self._check_balance()
+
+    def _observe(self, kind: str, nbytes: float, worker: str, seconds: float, out_nbytes: int | None = None) -> None:
+        self.model.observe(kind, nbytes, worker, seconds, out_nbytes=out_nbytes)
         st = self._stats[worker]
         st["done"] += 1
         st["busy"] += seconds
+
+    def _check_balance(self) -> None:
+        """Start a rebalance of the cached blocks when no placed task is outstanding (at most one
+        check per ``interval``)."""
         if self.rebalance and self._families and not self._meta:
             now = time.monotonic()
             if now - self._last_check >= self.interval and (self._rebalancing is None or self._rebalancing.done()):
                 self._last_check = now
                 self._rebalancing = asyncio.get_running_loop().create_task(self._rebalance())
+
+    def _handle_observe(self, records: list | None = None, **kwargs: Any) -> int:
+        """Durations of device work that ran inside other tasks (a loop on the workers runs every
+        iteration's block work in one long task), as ``(kind, input bytes, worker, seconds)``:
+        learned as if those had been tasks, so speeds and rebalancing see that work too."""
+        n = 0
+        for kind, nbytes, worker, seconds in records or ():
+            if worker in self.scheduler.workers and math.isfinite(seconds) and seconds >= 0:
+                self._observe(str(kind), float(nbytes), worker, float(seconds))
+                n += 1
+        if n:
+            self._check_balance()
+        return n
 
     # -- rebalancing ----------------------------------------------------------------------------
     def plan_moves(self) -> list[tuple[Any, list[str], str]]:
@@ -495,6 +518,31 @@ class GPUPlacement(SchedulerPlugin):
     def _handle_stats(self, **kwargs: Any) -> dict[str, Any]:
         return {"workers": self.placement_stats(), "moves": self.moves, "last_moves": self.last_moves, "replaced": self.replaced,
                 "pinned": len(self._pinned), "outstanding": self.placer.outstanding() if self.placer else 0}
+
+
+_observers: Any = None  # clients whose scheduler has the placement plugin's gdask_observe handler
+
+
+def report_work(client: Any, records: list[tuple[str, float, str, float]]) -> bool:
+    """Tell the placement plugin about device work that ran inside longer tasks, as
+    ``(kind, input bytes, worker address, seconds)`` records (what those tasks' durations would
+    have been): a loop on the workers runs every iteration's block work in one task. False when the
+    scheduler has no placement plugin (asked once per client)."""
+    global _observers
+    import weakref
+
+    if _observers is None:
+        _observers = weakref.WeakKeyDictionary()
+    if client not in _observers:
+        _observers[client] = bool(client.run_on_scheduler(_has_handler, "gdask_observe"))
+    if not _observers[client] or not records:
+        return False
+    client.sync(client.scheduler.gdask_observe, records=[list(r) for r in records])
+    return True
+
+
+def _has_handler(name: str, dask_scheduler: Any = None) -> bool:
+    return name in dask_scheduler.handlers
 
 
 class DeviceReporter(WorkerPlugin):

@@ -23,6 +23,7 @@ from gdask.gdataset._repr import block_workers, groups_of, persisted_futures
 from gdask.ml import _bounds, _kernels
 from gdask.ml._input import check_finite as _check_finite
 from gdask.ml._input import estimator_job
+from gdask.scheduling._plugin import report_work
 from gdask.ml._input import is_host_input as _is_host_input
 
 logger = logging.getLogger("gdask.ml")
@@ -420,6 +421,10 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         if results[0] is None:  # the sums were not finite (every rank saw the same)
             self._raise_not_finite(G)
         loop.load(results[0]["loop"])
+        # the passes' durations teach the placement plugin the devices' speeds, as the tasks of
+        # the loop from the client would (it rebalances the blocks when they differ)
+        report_work(client, [(kind, nbytes, addr, sec) for addr, r in zip(peers, results)
+                             for kind, nbytes, sec in r["observed"]])
         for i, line in enumerate(loop.lines):  # the lines the topic did not bring in time
             show(i, line)
         found = dict(kv for r in results for kv in r["found"].items())
@@ -567,15 +572,21 @@ def _group_partial(func: Any, combine: Any, blocks: list, args: tuple, weights: 
 def _fit_on_worker(comm: Any, mine: list, state: dict, max_iter: int, topic: str | None) -> dict | None:
     """One worker's task of :meth:`KMeans._fit_on_workers`: ``mine`` lists its groups as
     ``(group index, block indices, blocks, weight blocks or None)``. Returns the loop's final
-    state and, per group, what the final labels pass of the loop from the client returns; None
-    when the sums were not finite."""
+    state, per group what the final labels pass of the loop from the client returns, and the
+    groups' passes as ``(kind, input bytes, seconds)`` (for the placement plugin); None when the
+    sums were not finite."""
     loop = _Loop.__new__(_Loop)
     loop.load(state)
+    observed: list[tuple[str, int, float]] = []
     for _ in range(max_iter):
         t0 = time.perf_counter()
         chunk, cargs = loop.chunk()
-        own = [(gi, _group_partial(chunk, _kernels.lloyd_combine, blocks, (loop.centers, *cargs), ws))
-               for gi, _, blocks, ws in mine]
+        own = []
+        for gi, _, blocks, ws in mine:
+            t = time.perf_counter()
+            own.append((gi, _group_partial(chunk, _kernels.lloyd_combine, blocks, (loop.centers, *cargs), ws)))
+            # what the group's task would have taken (kind and input bytes as in the loop from the client)
+            observed.append(("lloyd-partial", _nbytes(blocks, ws), time.perf_counter() - t))
         parts = sorted((p for ps in comm.allgather(own) for p in ps), key=lambda p: p[0])
         stats = _kernels.lloyd_combine([p for _, p in parts])  # in group order, as the client combines them
         if not np.isfinite(stats["sums"]).all():
@@ -587,7 +598,11 @@ def _fit_on_worker(comm: Any, mine: list, state: dict, max_iter: int, topic: str
             break
     func = _bounds_labels_host if loop.cargs else _labels_host
     found = {gi: _group_partial(func, _join_lists, blocks, (loop.centers, *loop.cargs), ws) for gi, _, blocks, ws in mine}
-    return {"loop": loop.state(), "found": found}
+    return {"loop": loop.state(), "found": found, "observed": observed}
+
+
+def _nbytes(blocks: list, weights: list | None) -> int:
+    return sum(int(b.nbytes) for b in blocks) + sum(int(w.nbytes) for w in weights or ())
 
 
 def _farthest_on_workers(comm: Any, mine: list, centers: np.ndarray, stats: dict) -> tuple:

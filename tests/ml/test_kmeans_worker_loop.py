@@ -118,3 +118,28 @@ def test_a_worker_dying_mid_fit_gives_the_same_fit(caplog):
             km = KMeans(8, init=X[:8], max_iter=20, tol=0).fit(G)
         assert "did not run to its end" in caplog.text  # the worker died inside the loop
         _assert_same(km, ref)  # its blocks were recomputed and the loop from the client took over
+
+
+def test_the_passes_on_the_workers_teach_the_placement_plugin(client, data):
+    G = gdask.from_array(data[0], block_rows=5_000).persist()
+    groups = G.block_groups()
+
+    def done():
+        stats = client.sync(client.scheduler.gdask_placement_stats)["workers"]
+        return sum(s["gpu_tasks_done"] for s in stats.values())
+
+    before = done()
+    km = KMeans(5, init=data[1], max_iter=6, tol=0).fit(G)
+    # each group's pass of each iteration counts as the task it would have been from the client
+    assert done() - before == km.n_iter_ * len(groups)
+
+
+def test_on_a_plain_dask_cluster(data, monkeypatch):
+    from distributed import Client, LocalCluster
+
+    calls = []
+    monkeypatch.setattr(_kmeans, "run_on_workers", lambda *a, **k: calls.append(1) or run(*a, **k))
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster, Client(cluster):
+        a, b = _both(*data, max_iter=8, tol=0)
+    assert calls == [1]
+    _assert_same(a, b)
