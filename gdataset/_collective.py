@@ -227,10 +227,6 @@ def _task(token: str, rank: int, peers: list[str], start_timeout: float, timeout
         _finish(token, rank)
 
 
-def _abort_on_worker(token: str, reason: str) -> None:
-    _abort_local(token, reason)
-
-
 def run_on_workers(client: Any, func: Callable[..., Any], peers: Sequence[str], args: Sequence[tuple],
                    *, name: str = "loop", poll: float = 0.5) -> list[Any]:
     """Run ``func(comm, *args[r])`` as one task per rank ``r`` on worker ``peers[r]``, all at once;
@@ -279,7 +275,7 @@ def _stop(client: Any, token: str, peers: list[str], futures: list, reason: str)
     try:
         alive &= set(client.scheduler_info(n_workers=-1)["workers"])
         if alive:
-            client.run(_abort_on_worker, token, reason, workers=sorted(alive), on_error="ignore")
+            client.run(_abort_local, token, reason, workers=sorted(alive), on_error="ignore")
     except Exception as e:  # noqa: BLE001 - the cluster may be going away
         logger.debug("could not stop loop %s on the workers: %r", token, e)
     client.cancel(futures)
