@@ -31,6 +31,30 @@ def make_data(n, d, k, seed=0):
     return X, init
 
 
+def read_bandwidth(X, repeat=5):
+    """Bytes per second of one thread streaming through ``X`` (a vectorised sum, best of ``repeat``):
+    the memory limit of one pass over the data on one device (CPU figures)."""
+    from numba import njit
+
+    @njit(fastmath=True, nogil=True)
+    def stream(v):
+        s = np.float32(0)
+        for i in range(v.shape[0]):
+            s += v[i]
+        return s
+
+    flat = X.reshape(-1)
+    stream(flat[:64])
+    best = min(_timed(stream, flat) for _ in range(repeat))
+    return X.nbytes / best
+
+
+def _timed(f, *args):
+    t = time.perf_counter()
+    f(*args)
+    return time.perf_counter() - t
+
+
 def best_of(repeat, fit):
     """Run ``fit() -> (seconds, centers, n_iter)`` ``repeat`` times; keep the fastest per iteration."""
     runs = [fit() for _ in range(repeat)]
@@ -176,11 +200,18 @@ def main(argv=None):
     bytes_pass = X.nbytes
     print(f"one pass over X reads {bytes_pass / 1e6:.0f} MB; at gdask's time that is "
           f"{bytes_pass / results['gdask'][0] / 1e9:.2f} GB/s")
+    bw = read_bandwidth(X) if kind == "emulated" else None
+    if bw:
+        floor = bytes_pass / (bw * ndev)
+        print(f"memory limit: one thread streams {bw / 1e9:.1f} GB/s, so a pass over X on {ndev} devices takes "
+              f">= {floor * 1e3:.1f} ms (if the bandwidth scaled with devices); gdask's iteration is "
+              f"{results['gdask'][0] / floor:.1f}x that")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"backend": kind, "devices": ndev, "rows": n, "features": a.features, "k": a.clusters,
                        "iterations": a.iterations, "repeat": a.repeat,
-                       "gdask_loop_ms_per_iter": gdask_loop * 1e3, "results": rows}, f, indent=2)
+                       "gdask_loop_ms_per_iter": gdask_loop * 1e3,
+                       "read_bandwidth_gb_s": None if bw is None else bw / 1e9, "results": rows}, f, indent=2)
 
 
 if __name__ == "__main__":
