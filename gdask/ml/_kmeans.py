@@ -423,8 +423,11 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         loop.load(results[0]["loop"])
         # the passes' durations teach the placement plugin the devices' speeds, as the tasks of
         # the loop from the client would (it rebalances the blocks when they differ)
-        report_work(client, [(kind, nbytes, addr, sec) for addr, r in zip(peers, results)
-                             for kind, nbytes, sec in r["observed"]])
+        try:
+            report_work(client, [(kind, nbytes, addr, sec) for addr, r in zip(peers, results)
+                                 for kind, nbytes, sec in r["observed"]])
+        except Exception as e:  # noqa: BLE001 - the fit is done: a scheduler that cannot take this loses nothing
+            logger.debug("could not report the passes' durations to the placement plugin: %r", e)
         for i, line in enumerate(loop.lines):  # the lines the topic did not bring in time
             show(i, line)
         found = dict(kv for r in results for kv in r["found"].items())
