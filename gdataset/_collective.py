@@ -29,6 +29,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
 import dask
+from distributed import WorkerPlugin
 
 logger = logging.getLogger("gdask.gdataset")
 
@@ -95,12 +96,6 @@ def _install(worker: Any) -> None:
     worker.handlers[_ABORT_HANDLER] = _handle_abort
 
 
-try:
-    from distributed import WorkerPlugin
-except ImportError:  # pragma: no cover - distributed is a dependency
-    WorkerPlugin = object  # type: ignore[assignment,misc]
-
-
 class CollectivePlugin(WorkerPlugin):
     """Adds the message handlers of :class:`Communicator` to every worker (also ones that join later)."""
 
@@ -139,15 +134,10 @@ class Communicator:
         self._step = 0
         from distributed import get_worker
 
-        self._worker = get_worker()
-
-    @property
-    def worker(self) -> Any:
-        """The ``distributed.Worker`` this task runs on."""
-        return self._worker
+        self.worker = get_worker()  # the distributed.Worker this task runs on
 
     def _send(self, addr: str, handler: str, **msg: Any):
-        worker = self._worker
+        worker = self.worker
         coro = getattr(worker.rpc(addr), handler)(**msg)
         return asyncio.run_coroutine_threadsafe(coro, worker.loop.asyncio_loop)
 
@@ -161,7 +151,7 @@ class Communicator:
 
         step = self._step
         self._step += 1
-        me = self._worker.address
+        me = self.worker.address
         sends = []
         for r, addr in enumerate(self.peers):
             if r == self.rank:
@@ -199,7 +189,7 @@ class Communicator:
     def abort(self, reason: str) -> None:
         """Tell every task of the loop (this one included) to stop; best effort, does not wait."""
         _abort_local(self.token, reason)
-        for addr in set(self.peers) - {self._worker.address}:
+        for addr in set(self.peers) - {self.worker.address}:
             try:
                 self._send(addr, _ABORT_HANDLER, token=self.token, reason=reason)
             except Exception as e:  # noqa: BLE001 - the peer may be gone
@@ -208,20 +198,14 @@ class Communicator:
 
 def _task(token: str, rank: int, peers: list[str], start_timeout: float, timeout: float | None,
           func: Callable[..., Any], *args: Any) -> Any:
-    with _cond:
-        if token in _aborted:  # started after the loop ended (e.g. another rank could not start in time)
-            raise CollectiveError(f"loop stopped before this rank started: {_aborted[token]}")
     comm = Communicator(token, rank, peers, timeout)
     try:
         # every task must be running before any waits for another's work: a worker still busy
         # with other tasks ends the loop now (the caller falls back) instead of stalling it
         comm.allgather(None, timeout=start_timeout)
         return func(comm, *args)
-    except CollectiveError as e:
-        comm.abort(str(e))
-        raise
-    except BaseException as e:
-        comm.abort(f"rank {rank} raised {e!r}")
+    except BaseException as e:  # a rank that starts after the loop was stopped raises in its first allgather
+        comm.abort(str(e) if isinstance(e, CollectiveError) else f"rank {rank} raised {e!r}")
         raise
     finally:
         _finish(token, rank)

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import math
 import time
+import weakref
 from collections import defaultdict
 from typing import Any
 
@@ -520,7 +521,8 @@ class GPUPlacement(SchedulerPlugin):
                 "pinned": len(self._pinned), "outstanding": self.placer.outstanding() if self.placer else 0}
 
 
-_observers: Any = None  # clients whose scheduler has the placement plugin's gdask_observe handler
+#: client -> whether its scheduler has the placement plugin's gdask_observe handler
+_observers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def report_work(client: Any, records: list[tuple[str, float, str, float]]) -> bool:
@@ -528,11 +530,6 @@ def report_work(client: Any, records: list[tuple[str, float, str, float]]) -> bo
     ``(kind, input bytes, worker address, seconds)`` records (what those tasks' durations would
     have been): a loop on the workers runs every iteration's block work in one task. False when the
     scheduler has no placement plugin (asked once per client)."""
-    global _observers
-    import weakref
-
-    if _observers is None:
-        _observers = weakref.WeakKeyDictionary()
     if client not in _observers:
         _observers[client] = bool(client.run_on_scheduler(_has_handler, "gdask_observe"))
     if not _observers[client] or not records:

@@ -23,8 +23,8 @@ from gdask.gdataset._repr import block_workers, groups_of, persisted_futures
 from gdask.ml import _bounds, _kernels
 from gdask.ml._input import check_finite as _check_finite
 from gdask.ml._input import estimator_job
-from gdask.scheduling._plugin import report_work
 from gdask.ml._input import is_host_input as _is_host_input
+from gdask.scheduling._plugin import report_work
 
 logger = logging.getLogger("gdask.ml")
 
