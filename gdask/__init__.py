@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from gdask import _config  # noqa: F401  (registers gdask.yaml defaults with dask.config)
+from gdask import config  # noqa: F401  (registers gdask.yaml defaults with dask.config)
 from gdask._errors import DeviceMemoryError, GDaskWarning, NoDeviceError
 
 __version__ = "0.1.0"
@@ -26,7 +26,13 @@ __all__ = [
     "info",
     "iterate",
     "job",
+    "config",
+    "devices",
+    "gdataset",
     "ml",
+    "protocol",
+    "scheduling",
+    "to_numpy",
     "window_cache",
     "__version__",
 ]
@@ -41,7 +47,12 @@ _lazy = {
     "incremental": ("gdask.gdataset", "incremental"),
     "iterate": ("gdask.gdataset", "iterate"),
     "job": ("gdask.scheduling", "job"),
+    "devices": ("gdask.devices", None),
+    "gdataset": ("gdask.gdataset", None),
     "ml": ("gdask.ml", None),
+    "protocol": ("gdask.protocol", None),
+    "scheduling": ("gdask.scheduling", None),
+    "to_numpy": ("gdask.devices", "to_numpy"),
     "window_cache": ("gdask.window_cache", None),
 }
 

@@ -8,9 +8,8 @@ from typing import Any
 
 from distributed import LocalCluster
 
-from gdask import _config
-from gdask._devices import DeviceSpec, make_specs
-from gdask._worker import DeviceSetup
+from gdask import config
+from gdask.devices import DeviceSpec, make_specs
 
 __all__ = ["LocalGPUCluster"]
 
@@ -88,25 +87,22 @@ class LocalGPUCluster(LocalCluster):
         )
         self.backend = self.device_specs[0].backend
         self._spec_by_name = {i: s for i, s in enumerate(self.device_specs)}
-        pool = rmm_pool_size if rmm_pool_size is not None else _config.get("cuda.rmm-pool-size")
-        self._device_plugin = DeviceSetup(self._spec_by_name, rmm_pool_size=pool, max_streams=max_streams,
-                                          adaptive_streams=adaptive_streams)
-        streams = self._device_plugin.worker_threads()  # distributed runs at most nthreads tasks at once
-        if "data" not in kwargs and _config.get("window-cache.enabled", True):
+        from gdask.scheduling import scheduler_plugins, worker_plugins
+
+        self._worker_plugins = worker_plugins(self._spec_by_name, rmm_pool_size=rmm_pool_size,
+                                              max_streams=max_streams, adaptive_streams=adaptive_streams)
+        streams = self._worker_plugins[0].worker_threads()  # distributed runs at most nthreads tasks at once
+        if "data" not in kwargs and config.get("window-cache.enabled", True):
             from gdask.window_cache import WindowStore
 
             kwargs["data"] = WindowStore  # blocks beyond device memory: sliding window over host memory
         kwargs.setdefault("silence_logs", logging.ERROR)
-        from gdask.scheduling._jobs import JobMonitor, JobScheduler
-        from gdask.scheduling._plugin import DeviceReporter, GPUPlacement
-
-        self._reporter_plugin = DeviceReporter()
-        self._job_monitor = JobMonitor()
         if placement is None:
-            placement = bool(_config.get("scheduling.placement", True))
-        self.placement: GPUPlacement | None = GPUPlacement() if placement else None
-        self.jobs: JobScheduler | None = JobScheduler() if placement else None  # gdask.job shares
-        if self.placement is not None:
+            placement = bool(config.get("scheduling.placement", True))
+        self.placement: Any = None
+        self.jobs: Any = None  # gdask.job shares
+        if placement:
+            self.placement, self.jobs = scheduler_plugins()
             skw = dict(kwargs.pop("scheduler_kwargs", None) or {})
             skw["plugins"] = [*(skw.get("plugins") or ()), self.placement, self.jobs]
             kwargs["scheduler_kwargs"] = skw
@@ -126,11 +122,10 @@ class LocalGPUCluster(LocalCluster):
         env = dict(spec["options"].get("env") or {})
         if dev.backend == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = str(dev.physical)
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA numbers GPUs as NVML does
         spec["options"]["env"] = env
         plugins = set(spec["options"].get("plugins") or ())
-        plugins.add(self._device_plugin)
-        plugins.add(self._reporter_plugin)
-        plugins.add(self._job_monitor)
+        plugins.update(self._worker_plugins)
         spec["options"]["plugins"] = plugins
         spec["options"]["resources"] = {"GPU": 1}
         return {name: spec}

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+from gdask.gdataset._blocks import sum_parts
+from gdask.gdataset._channel import IterationChannel
+from gdask.gdataset._collective import CollectiveError, Communicator, run_on_workers
 from gdask.gdataset._core import GDataSet
 from gdask.gdataset._creation import default_block_rows, from_array, from_dask_array, from_dataframe
-from gdask.gdataset._channel import IterationChannel
+from gdask.gdataset._engine import (MODES, Blocks, EngineResult, IterativeAlgorithm, LoopContext, exceeds_devices,
+                                    run_loop)
 from gdask.gdataset._iterate import IterateResult, IterationContext, iterate
+from gdask.gdataset._progress import Progress
+from gdask.gdataset._repr import block_workers, groups_of, persisted_futures
 from gdask.gdataset._tracker import ExecutionLog, GTracker, incremental
 
-__all__ = ["GDataSet", "default_block_rows", "from_array", "from_dask_array", "from_dataframe",
-           "ExecutionLog", "GTracker", "IterateResult", "IterationChannel", "IterationContext", "incremental",
-           "iterate"]
+__all__ = ["Blocks", "CollectiveError", "Communicator", "EngineResult", "ExecutionLog", "GDataSet", "GTracker",
+           "IterateResult", "IterationChannel", "IterationContext", "IterativeAlgorithm", "LoopContext", "MODES",
+           "Progress", "block_workers", "default_block_rows", "exceeds_devices", "from_array", "from_dask_array",
+           "from_dataframe", "groups_of", "incremental", "iterate", "persisted_futures", "run_loop",
+           "run_on_workers", "sum_parts"]

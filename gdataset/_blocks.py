@@ -11,21 +11,7 @@ from typing import Any, Callable
 import numpy as np
 from numba import njit
 
-from gdask._devices import current_device
-
-
-def array_module(x: Any):
-    """``numpy`` or ``cupy``, whichever ``x`` belongs to (scalars count as NumPy)."""
-    if type(x).__module__.split(".")[0] == "cupy":
-        import cupy
-
-        return cupy
-    return np
-
-
-def to_numpy(x: Any) -> np.ndarray:
-    """A host NumPy copy of a NumPy or CuPy array (no copy for NumPy)."""
-    return x.get() if hasattr(x, "get") else np.asarray(x)
+from gdask.devices import array_module, current_device, to_numpy  # noqa: F401 (re-exported)
 
 
 def sum_parts(parts: list) -> Any:
@@ -100,6 +86,15 @@ def group_partial_op(func: Callable[..., Any], combine: Callable[[list], Any], n
     parts = [run(func, *flat[j:j + nargs], **kwargs) for j in range(0, len(flat), nargs)]
     out = parts[0] if len(parts) == 1 else run(combine, parts)
     return to_host(out) if host else out
+
+
+def group_map_op(func: Callable[..., Any], nargs: int, *flat: Any, **kwargs: Any) -> list:
+    """Run ``func`` on each of several blocks held by this worker; the list of its results, as host
+    data, in the order of the blocks (``flat`` holds ``nargs`` arguments per block). Nothing is
+    combined here: callers combine per-block results in block order, whatever the grouping."""
+    dev = current_device()
+    flat = tuple(_on_device(a, dev) for a in flat)
+    return [to_host(dev.compute(func, *flat[j:j + nargs], **kwargs)) for j in range(0, len(flat), nargs)]
 
 
 def combine_op(combine: Callable[[list], Any], *parts: Any, finalize: tuple | None = None) -> Any:

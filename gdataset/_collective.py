@@ -11,7 +11,7 @@ Every worker then combines the same partials in the same order, so all of them c
 next iterate without the client.
 
 The messages go through a handler that the ``gdask-collective`` worker plugin adds to each worker
-(:func:`ensure_plugin`, once per client). A loop that cannot run this way, because a worker is
+(:func:`gdask.scheduling.ensure_plugins`, once per client). A loop that cannot run this way, because a worker is
 busy with other tasks when it starts, leaves, or raises, ends with :class:`CollectiveError` on the
 client after every task of the loop was told to stop: the caller then runs its ordinary
 graph-per-iteration loop, with the same result.
@@ -24,34 +24,23 @@ import logging
 import threading
 import time
 import uuid
-import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
 import dask
 from distributed import WorkerPlugin
 
+from gdask import config, protocol
+
 logger = logging.getLogger("gdask.gdataset")
 
-__all__ = ["CollectiveError", "Communicator", "run_on_workers", "ensure_plugin"]
+__all__ = ["CollectiveError", "CollectivePlugin", "Communicator", "Mailbox", "run_on_workers"]
 
-_HANDLER = "gdask_collective"
-_ABORT_HANDLER = "gdask_collective_abort"
-_PLUGIN = "gdask-collective"
+_MAX_KEPT = 1024
 
 
 class CollectiveError(RuntimeError):
     """A loop on the workers could not run to its end (the caller falls back to one graph per step)."""
-
-
-# -- the worker side: a mailbox per process ----------------------------------------------------
-# A process may run several ranks of one loop (a worker with several threads, or a cluster with
-# processes=False): every message is addressed to one rank, and each rank's end is its own.
-_cond = threading.Condition()
-_box: dict[tuple[str, int, int], dict[int, Any]] = {}  # (loop token, step, to rank) -> {from rank: value}
-_aborted: OrderedDict[str, str] = OrderedDict()  # loop token -> why it was stopped
-_finished: OrderedDict[tuple[str, int], None] = OrderedDict()  # ranks that ended: late messages are dropped
-_MAX_KEPT = 1024
 
 
 def _remember(d: OrderedDict, key: Any, value: Any) -> None:
@@ -60,61 +49,72 @@ def _remember(d: OrderedDict, key: Any, value: Any) -> None:
         d.popitem(last=False)
 
 
-def _deliver(token: str, step: int, dest: int, src: int, data: Any) -> None:
-    with _cond:
-        if (token, dest) in _finished:
-            return
-        _box.setdefault((token, step, dest), {})[src] = data
-        _cond.notify_all()
+class Mailbox:
+    """The messages of loops on one worker. A worker may run several ranks of one loop (several
+    threads, or ``processes=False``): every message is addressed to one rank, and each rank's end is
+    its own."""
 
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.box: dict[tuple[str, int, int], dict[int, Any]] = {}  # (loop, step, to rank) -> {from: value}
+        self.aborted: OrderedDict[str, str] = OrderedDict()  # loop token -> why it was stopped
+        self.finished: OrderedDict[tuple[str, int], None] = OrderedDict()  # ranks that ended: late messages dropped
 
-def _abort_local(token: str, reason: str) -> None:
-    with _cond:
-        _remember(_aborted, token, reason)
-        _cond.notify_all()
+    def deliver(self, token: str, step: int, dest: int, src: int, data: Any) -> None:
+        with self.cond:
+            if (token, dest) in self.finished:
+                return
+            self.box.setdefault((token, step, dest), {})[src] = data
+            self.cond.notify_all()
 
+    def abort(self, token: str, reason: str) -> None:
+        with self.cond:
+            _remember(self.aborted, token, reason)
+            self.cond.notify_all()
 
-def _finish(token: str, rank: int) -> None:
-    with _cond:
-        _remember(_finished, (token, rank), None)
-        for key in [k for k in _box if k[0] == token and k[2] == rank]:
-            del _box[key]
+    def finish(self, token: str, rank: int) -> None:
+        with self.cond:
+            _remember(self.finished, (token, rank), None)
+            for key in [k for k in self.box if k[0] == token and k[2] == rank]:
+                del self.box[key]
 
+    # worker handlers (a handler without a ``comm`` parameter gets the message as keywords)
+    async def handle(self, token: str = "", step: int = 0, dest: int = 0, src: int = 0, data: Any = None) -> str:
+        self.deliver(token, step, dest, src, data)
+        return "OK"
 
-async def _handle(token: str = "", step: int = 0, dest: int = 0, src: int = 0, data: Any = None) -> str:
-    _deliver(token, step, dest, src, data)
-    return "OK"
-
-
-async def _handle_abort(token: str = "", reason: str = "") -> str:
-    _abort_local(token, reason)
-    return "OK"
-
-
-def _install(worker: Any) -> None:
-    worker.handlers[_HANDLER] = _handle
-    worker.handlers[_ABORT_HANDLER] = _handle_abort
+    async def handle_abort(self, token: str = "", reason: str = "") -> str:
+        self.abort(token, reason)
+        return "OK"
 
 
 class CollectivePlugin(WorkerPlugin):
-    """Adds the message handlers of :class:`Communicator` to every worker (also ones that join later)."""
+    """Gives every worker (also ones that join later) the :class:`Mailbox` of loops on the workers and
+    its message handlers."""
 
-    name = _PLUGIN
+    name = protocol.PLUGIN_COLLECTIVE
     idempotent = True
 
+    def __init__(self) -> None:
+        self.mailbox = Mailbox()
+
+    def __getstate__(self) -> dict:
+        return {}  # every worker starts with an empty mailbox
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+
     def setup(self, worker: Any) -> None:
-        _install(worker)
+        worker.handlers[protocol.HANDLER_COLLECTIVE] = self.mailbox.handle
+        worker.handlers[protocol.HANDLER_COLLECTIVE_ABORT] = self.mailbox.handle_abort
 
 
-_registered: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def ensure_plugin(client: Any) -> None:
-    """Register :class:`CollectivePlugin` on ``client``'s cluster (a round trip the first time only)."""
-    if client in _registered:
-        return
-    client.register_plugin(CollectivePlugin(), name=_PLUGIN)
-    _registered[client] = True
+def mailbox(worker: Any) -> Mailbox:
+    """``worker``'s mailbox (the collective plugin must be installed: :func:`run_on_workers` does)."""
+    plugin = worker.plugins.get(protocol.PLUGIN_COLLECTIVE)
+    if plugin is None:
+        raise CollectiveError(f"worker {worker.address} has no {protocol.PLUGIN_COLLECTIVE!r} plugin")
+    return plugin.mailbox
 
 
 class Communicator:
@@ -135,6 +135,7 @@ class Communicator:
         from distributed import get_worker
 
         self.worker = get_worker()  # the distributed.Worker this task runs on
+        self.mailbox = mailbox(self.worker)
 
     def _send(self, addr: str, handler: str, **msg: Any):
         worker = self.worker
@@ -152,33 +153,34 @@ class Communicator:
         step = self._step
         self._step += 1
         me = self.worker.address
+        box = self.mailbox
         sends = []
         for r, addr in enumerate(self.peers):
             if r == self.rank:
                 continue
-            if addr == me:  # a rank in this process
-                _deliver(self.token, step, r, self.rank, value)
+            if addr == me:  # a rank on this worker
+                box.deliver(self.token, step, r, self.rank, value)
             else:
-                sends.append(self._send(addr, _HANDLER, token=self.token, step=step, dest=r, src=self.rank,
-                                        data=to_serialize(value)))
-        _deliver(self.token, step, self.rank, self.rank, value)
+                sends.append(self._send(addr, protocol.HANDLER_COLLECTIVE, token=self.token, step=step, dest=r,
+                                        src=self.rank, data=to_serialize(value)))
+        box.deliver(self.token, step, self.rank, self.rank, value)
         limit = self.timeout if timeout is None else timeout
         deadline = None if limit is None else time.monotonic() + limit
         key = (self.token, step, self.rank)
-        with _cond:
+        with box.cond:
             while True:
-                if self.token in _aborted:
-                    raise CollectiveError(f"loop stopped: {_aborted[self.token]}")
-                got = _box.get(key, {})
+                if self.token in box.aborted:
+                    raise CollectiveError(f"loop stopped: {box.aborted[self.token]}")
+                got = box.box.get(key, {})
                 if len(got) == self.size:
-                    del _box[key]
+                    del box.box[key]
                     break
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     missing = sorted(set(range(self.size)) - set(got))
                     raise CollectiveError(f"no value from rank(s) {missing} of {self.size} within {limit:g} s "
                                           f"(step {step})")
-                _cond.wait(left if left is not None else 1.0)
+                box.cond.wait(left if left is not None else 1.0)
         for s in sends:  # a peer that could not be reached: stop here, not in the next step
             try:
                 s.result()
@@ -188,10 +190,10 @@ class Communicator:
 
     def abort(self, reason: str) -> None:
         """Tell every task of the loop (this one included) to stop; best effort, does not wait."""
-        _abort_local(self.token, reason)
+        self.mailbox.abort(self.token, reason)
         for addr in set(self.peers) - {self.worker.address}:
             try:
-                self._send(addr, _ABORT_HANDLER, token=self.token, reason=reason)
+                self._send(addr, protocol.HANDLER_COLLECTIVE_ABORT, token=self.token, reason=reason)
             except Exception as e:  # noqa: BLE001 - the peer may be gone
                 logger.debug("could not tell %s to stop loop %s: %r", addr, self.token, e)
 
@@ -208,24 +210,29 @@ def _task(token: str, rank: int, peers: list[str], start_timeout: float, timeout
         comm.abort(str(e) if isinstance(e, CollectiveError) else f"rank {rank} raised {e!r}")
         raise
     finally:
-        _finish(token, rank)
+        comm.mailbox.finish(token, rank)
 
 
 def run_on_workers(client: Any, func: Callable[..., Any], peers: Sequence[str], args: Sequence[tuple],
-                   *, name: str = "loop", poll: float = 0.5) -> list[Any]:
+                   *, name: str = "loop", poll: float = 0.1, on_poll: Callable[[], None] | None = None,
+                   check_workers: float = 1.0) -> list[Any]:
     """Run ``func(comm, *args[r])`` as one task per rank ``r`` on worker ``peers[r]``, all at once;
     their results in rank order.
 
     ``args`` may hold Dask collections and futures (e.g. persisted blocks): they arrive computed,
-    and blocks already on ``peers[r]`` are not moved. Raises :class:`CollectiveError` if the loop
+    and blocks already on ``peers[r]`` are not moved. ``on_poll()`` is called in this thread every
+    ``poll`` seconds while the tasks run (e.g. to show progress they send); whether a peer left the
+    cluster is checked every ``check_workers`` seconds. Raises :class:`CollectiveError` if the loop
     did not run to its end (a task raised, a worker left, or a task could not start within
     ``gdask.collective.start-timeout``); every task still running is then told to stop.
     """
     from distributed import wait
 
-    ensure_plugin(client)
-    start_timeout = float(dask.config.get("gdask.collective.start-timeout"))
-    timeout = dask.config.get("gdask.collective.timeout")
+    from gdask.scheduling import ensure_plugins
+
+    ensure_plugins(client, extra=(CollectivePlugin(),))
+    start_timeout = float(config.get("collective.start-timeout", 10))
+    timeout = config.get("collective.timeout", 600)
     timeout = None if timeout is None else float(timeout)
     token = uuid.uuid4().hex
     peers = list(peers)
@@ -234,21 +241,26 @@ def run_on_workers(client: Any, func: Callable[..., Any], peers: Sequence[str], 
         task = dask.delayed(_task, pure=False)(token, r, peers, start_timeout, timeout, func, *a,
                                                dask_key_name=f"{name}-{token}-{r}")
         futures.append(client.compute(task, workers=[addr], allow_other_workers=False))
+    next_check = time.monotonic() + check_workers
     try:
         while True:
             try:  # the tasks end together: this returns for the first, and waits for the others next
                 wait([f for f in futures if f.status == "pending"], timeout=poll, return_when="FIRST_COMPLETED")
             except TimeoutError:
                 pass
+            if on_poll is not None:
+                on_poll()
             failed = [f for f in futures if f.status in ("error", "cancelled", "lost")]
             if failed:
                 exc = failed[0].exception() if failed[0].status == "error" else failed[0].status
                 raise CollectiveError(f"{name} on the workers failed: {exc!r}")
             if all(f.status == "finished" for f in futures):
                 return client.gather(futures)
-            gone = set(peers) - set(client.scheduler_info(n_workers=-1)["workers"])
-            if gone:
-                raise CollectiveError(f"{name} on the workers lost worker(s) {sorted(gone)}")
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + check_workers
+                gone = set(peers) - set(client.scheduler_info(n_workers=-1)["workers"])
+                if gone:
+                    raise CollectiveError(f"{name} on the workers lost worker(s) {sorted(gone)}")
     except BaseException as e:
         _stop(client, token, peers, futures, f"stopped by the client: {e!r}")
         raise
@@ -259,7 +271,13 @@ def _stop(client: Any, token: str, peers: list[str], futures: list, reason: str)
     try:
         alive &= set(client.scheduler_info(n_workers=-1)["workers"])
         if alive:
-            client.run(_abort_local, token, reason, workers=sorted(alive), on_error="ignore")
+            client.run(_abort_on_worker, token, reason, workers=sorted(alive), on_error="ignore")
     except Exception as e:  # noqa: BLE001 - the cluster may be going away
         logger.debug("could not stop loop %s on the workers: %r", token, e)
     client.cancel(futures)
+
+
+def _abort_on_worker(token: str, reason: str, dask_worker: Any = None) -> None:
+    plugin = dask_worker.plugins.get(protocol.PLUGIN_COLLECTIVE)
+    if plugin is not None:
+        plugin.mailbox.abort(token, reason)

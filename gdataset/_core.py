@@ -13,9 +13,10 @@ import dask.array as da
 import numpy as np
 from dask.base import DaskMethodsMixin, tokenize
 from dask.delayed import Delayed
-from dask.highlevelgraph import HighLevelGraph
+from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from dask.task_spec import Alias, DataNode, Task, TaskRef
 
+from gdask import protocol
 from gdask.gdataset import _blocks
 
 __all__ = ["GDataSet"]
@@ -44,6 +45,12 @@ def _flatten(keys):
             yield from _flatten(k)
         else:
             yield k
+
+
+def device_layer(tasks: Mapping, kind: str) -> MaterializedLayer:
+    """A graph layer of device work: every task carries the ``gdask_gpu`` annotation (its kind of
+    block operation), which the placement plugin reads."""
+    return MaterializedLayer(dict(tasks), annotations={protocol.ANN_GPU: kind})
 
 
 def _meta_array(backend: str, shape: tuple[int, ...], dtype: Any):
@@ -255,7 +262,7 @@ class GDataSet(DaskMethodsMixin):
                     layer[key] = Alias(key, node.key)
                 else:
                     layer[key] = _as_task(node).substitute({}, key=key)
-        graph = HighLevelGraph.from_collections(name, layer, dependencies=[self])
+        graph = HighLevelGraph.from_collections(name, device_layer(layer, "update"), dependencies=[self])
         out = GDataSet(graph, name, self.row_blocks, self.ncols, self.dtype, self.backend, self.columns)
         out._versions = tuple(versions)
         return out
@@ -634,7 +641,7 @@ def _elemwise(func: Callable, *args: Any, dtype: Any = None, ncols: Any = "infer
     layer = dict(ops.graph)
     for i in range(ref.nblocks):
         layer[(out, i)] = Task((out, i), _blocks.block_op, func, *ops.block_args(i), **kwargs)
-    graph = HighLevelGraph.from_collections(out, layer, dependencies=ops.deps)
+    graph = HighLevelGraph.from_collections(out, device_layer(layer, "block"), dependencies=ops.deps)
     return GDataSet(graph, out, ref.row_blocks, ncols, dtype, ref.backend)
 
 
@@ -672,7 +679,7 @@ def _tree_reduce(x: GDataSet, chunk, combine, args, kwargs, *, finalize=None, fi
                                      len(flat) // len(g), *flat, **(group_kwargs or {}), **kwargs)
             level.append((part, gi))
     if not root:
-        return level, HighLevelGraph.from_collections(part, layer, dependencies=ops.deps), part
+        return level, HighLevelGraph.from_collections(part, device_layer(layer, "reduce"), dependencies=ops.deps), part
     final = f"{prefix}-{token}"
     fin = None if finalize is None else (finalize, tuple(finalize_args))
     depth = 0
@@ -686,7 +693,7 @@ def _tree_reduce(x: GDataSet, chunk, combine, args, kwargs, *, finalize=None, fi
         level = nxt
     # the last combine and the finalize run in one task: one scheduler round trip less per reduction
     layer[final] = Task(final, _blocks.combine_op, combine, *[TaskRef(r) for r in level], finalize=fin)
-    graph = HighLevelGraph.from_collections(final, layer, dependencies=ops.deps)
+    graph = HighLevelGraph.from_collections(final, device_layer(layer, "reduce"), dependencies=ops.deps)
     return final, graph
 
 

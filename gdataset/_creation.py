@@ -10,10 +10,10 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task, TaskRef
 
-from gdask import _config
-from gdask._devices import parse_size
+from gdask import config
+from gdask.devices import parse_size
 from gdask.gdataset import _blocks
-from gdask.gdataset._core import GDataSet
+from gdask.gdataset._core import GDataSet, device_layer
 
 __all__ = ["from_array", "from_dask_array", "from_dataframe", "default_block_rows"]
 
@@ -30,7 +30,7 @@ def _device_backend(input_backend: str) -> str:
     """Array module the blocks will have: CuPy where gdask computes on CUDA."""
     if input_backend == "cupy":
         return "cupy"
-    from gdask._devices import discover
+    from gdask.devices import discover
 
     try:
         return "cupy" if discover().backend == "cuda" else "numpy"
@@ -49,7 +49,7 @@ def _check_dtype(dtype: np.dtype) -> None:
 def default_block_rows(n_rows: int, row_bytes: int) -> int:
     """Rows per block: about config ``gdask.gdataset.block-bytes`` per block, and at least
     ``_MIN_BLOCKS`` blocks for large data so several devices (and streams) share the work."""
-    target = parse_size(_config.get("gdataset.block-bytes", "64MiB"), name="gdask.gdataset.block-bytes")
+    target = parse_size(config.get("gdataset.block-bytes", "64MiB"), name="gdask.gdataset.block-bytes")
     by_bytes = max(1, target // max(row_bytes, 1))
     by_count = max(_MIN_BLOCK_ROWS, math.ceil(n_rows / _MIN_BLOCKS))
     return int(max(1, min(by_bytes, by_count, n_rows)))
@@ -133,7 +133,7 @@ def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None
     for i, r in enumerate(rows):
         layer[(name, i)] = Task((name, i), _blocks.to_device, x[start:start + r])
         start += r
-    graph = HighLevelGraph.from_collections(name, layer, dependencies=())
+    graph = HighLevelGraph.from_collections(name, device_layer(layer, "to_device"), dependencies=())
     return GDataSet(graph, name, rows, x.shape[1] if x.ndim == 2 else None, x.dtype, _device_backend(mod))
 
 
@@ -178,7 +178,7 @@ def from_dask_array(a: Any, block_rows: int | None = None) -> GDataSet:
     for i in range(len(rows)):
         src = (a.name, i, 0) if a.ndim == 2 else (a.name, i)
         layer[(name, i)] = Task((name, i), _blocks.to_device, TaskRef(src))
-    graph = HighLevelGraph.from_collections(name, layer, dependencies=[a])
+    graph = HighLevelGraph.from_collections(name, device_layer(layer, "to_device"), dependencies=[a])
     backend = _device_backend(_array_module_name(a._meta))
     return GDataSet(graph, name, rows, a.shape[1] if a.ndim == 2 else None, a.dtype, backend)
 

@@ -10,6 +10,8 @@ from typing import Any, Callable
 import numpy as np
 
 from gdask.gdataset._channel import IterationChannel
+from gdask.gdataset._engine import IterativeAlgorithm, run_loop
+from gdask.gdataset._progress import Progress
 from gdask.gdataset._tracker import GTracker
 
 __all__ = ["iterate", "IterationContext", "IterateResult"]
@@ -44,8 +46,8 @@ class IterationContext:
 @dataclass
 class IterateResult:
     """Result of :func:`iterate`: final ``state``, ``n_iter``, ``converged`` and one ``history`` dict
-    per iteration (``change``, ``active_blocks``, ``submitted``, ``executed``, ``reused``,
-    ``bytes_reused``, ``executed_by_prefix``, ``channel_bytes``, ``seconds``)."""
+    per iteration (``iteration`` (1-based), ``change``, ``active_blocks``, ``submitted``, ``executed``,
+    ``reused``, ``bytes_reused``, ``executed_by_prefix``, ``channel_bytes``, ``seconds``)."""
 
     state: Any
     n_iter: int
@@ -67,7 +69,8 @@ def _change(old: Any, new: Any) -> float:
 
 def iterate(step: Callable[..., Any], state: Any, data: Any = None, *, max_iter: int = 100, tol: float = 1e-6,
             block_tol: float | None = None, client: Any = None, tracker: GTracker | None = None,
-            per_block: bool | None = None) -> IterateResult:
+            per_block: bool | None = None, verbose: bool | int = 0,
+            progress: Progress | None = None) -> IterateResult:
     """Run ``state = step(data, state, ctx)`` until the L1 change is at most ``tol``, reusing work.
 
     Step protocol
@@ -108,6 +111,10 @@ def iterate(step: Callable[..., Any], state: Any, data: Any = None, *, max_iter:
         Treat ``state`` as one array per block (default: when it is a list of ``data.nblocks``).
     tracker : GTracker, optional
         Reuse an existing tracker (default: a new one, closed at the end).
+    verbose : bool or int
+        One line per iteration (its change, tasks executed and reused).
+    progress : Progress, optional
+        Where the per-iteration records go (default: from ``verbose``).
 
     Returns
     -------
@@ -132,7 +139,6 @@ def iterate(step: Callable[..., Any], state: Any, data: Any = None, *, max_iter:
     """
     if max_iter < 1:
         raise ValueError(f"max_iter must be >= 1, got {max_iter}")
-    tol_of = tol if callable(tol) else (lambda _s: tol)
     if not callable(tol) and tol < 0:
         raise ValueError(f"tol must be >= 0, got {tol}")
     own = tracker is None
@@ -142,34 +148,56 @@ def iterate(step: Callable[..., Any], state: Any, data: Any = None, *, max_iter:
     nblocks = getattr(data, "nblocks", None)
     if per_block is None:
         per_block = isinstance(state, list) and nblocks is not None and len(state) == nblocks
-    if per_block:
-        if not isinstance(state, list):
-            raise TypeError("per-block state must be a list with one array per block of data")
-        state = list(state)
-        active = np.ones(len(state), dtype=bool)
-    else:
-        active = None
+    if per_block and not isinstance(state, list):
+        raise TypeError("per-block state must be a list with one array per block of data")
     channel = IterationChannel(client)
-    history: list[dict] = []
-    converged = False
-    it = 0
+    algo = _DeltaIteration(step, data, tol, block_tol, per_block, int(max_iter), tracker, channel)
+    start = {"state": list(state) if per_block else state,
+             "active": np.ones(len(state), dtype=bool) if per_block else None, "converged": False}
     try:
         tracker.activate()
-        for it in range(max_iter):
+        res = run_loop(algo, {}, start, client=client, mode="client",
+                       progress=progress or Progress(verbose=verbose, desc="iterate"))
+    finally:
+        channel.close()
+        if own:
+            tracker.close()
+    return IterateResult(state=res.state["state"], n_iter=res.iterations, converged=res.state["converged"],
+                         history=res.history)
+
+
+class _DeltaIteration(IterativeAlgorithm):
+    """:func:`iterate`'s loop on the iteration engine (from the client: the step builds its own
+    graphs, which the tracker rewrites)."""
+
+    name = "iterate"
+    modes = ("client",)
+
+    def __init__(self, step: Callable, data: Any, tol: Any, block_tol: float | None, per_block: bool,
+                 max_iter: int, tracker: GTracker, channel: IterationChannel) -> None:
+        self.step, self.data, self.per_block, self.max_iter = step, data, per_block, max_iter
+        self.tol_of = tol if callable(tol) else (lambda _s: tol)
+        self.block_tol = block_tol
+        self.tracker, self.channel = tracker, channel
+
+    def run(self, st: dict, ctx: Any) -> dict:
+        tracker, channel = self.tracker, self.channel
+        state, active = st["state"], st["active"]
+        while ctx.iteration < self.max_iter:
             t0 = time.perf_counter()
             v0 = channel.version
             h0 = len(tracker.history)
-            if per_block:
+            if self.per_block:
                 refs = channel.publish_blocks("state", state)
             elif isinstance(state, dict):
                 refs = {k: channel.publish(str(k), v) for k, v in state.items()}
             else:
                 refs = channel.publish("state", state)
-            ctx = IterationContext(it, refs, None if active is None else active.copy(), tracker, channel)
-            new = step(data, state, ctx)
-            tol_now = float(tol_of(state))
-            if per_block:
-                btol = tol_now / max(len(state), 1) if block_tol is None else float(block_tol)
+            ictx = IterationContext(ctx.iteration, refs, None if active is None else active.copy(), tracker, channel)
+            new = self.step(self.data, state, ictx)
+            tol_now = float(self.tol_of(state))
+            if self.per_block:
+                btol = tol_now / max(len(state), 1) if self.block_tol is None else float(self.block_tol)
                 if len(new) != len(state):
                     raise ValueError(f"step returned {len(new)} blocks of state, expected {len(state)}")
                 changes = np.array([_l1(o, n) for o, n in zip(state, new)])
@@ -180,18 +208,12 @@ def iterate(step: Callable[..., Any], state: Any, data: Any = None, *, max_iter:
                 change = _change(state, new)
                 state = new
             runs = tracker.history[h0:]
-            history.append({
-                "iteration": it, "change": change,
-                "active_blocks": None if active is None else int(active.sum()),
-                **{k: sum(r[k] for r in runs) for k in ("submitted", "executed", "reused", "bytes_reused")},
-                "executed_by_prefix": dict(sum((Counter(r["executed_by_prefix"]) for r in runs), Counter())),
-                "channel_bytes": channel.bytes_sent(v0), "seconds": time.perf_counter() - t0,
-            })
-            if change <= tol_now:
-                converged = True
-                break
-    finally:
-        channel.close()
-        if own:
-            tracker.close()
-    return IterateResult(state=state, n_iter=it + 1, converged=converged, history=history)
+            converged = change <= tol_now
+            ctx.checkpoint({"state": state, "active": active, "converged": converged},
+                           change=change, active_blocks=None if active is None else int(active.sum()),
+                           **{k: sum(r[k] for r in runs) for k in ("submitted", "executed", "reused", "bytes_reused")},
+                           executed_by_prefix=dict(sum((Counter(r["executed_by_prefix"]) for r in runs), Counter())),
+                           channel_bytes=channel.bytes_sent(v0), step_seconds=time.perf_counter() - t0)
+            if converged:
+                return {"state": state, "active": active, "converged": True}
+        return {"state": state, "active": active, "converged": False}

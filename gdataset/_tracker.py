@@ -29,11 +29,12 @@ from dask.core import flatten
 from dask.task_spec import Alias, DataNode, Task, TaskRef
 from dask.utils import key_split, parse_bytes
 
+from gdask import config, protocol
 from gdask.gdataset._cachepolicy import ReusePolicy
 
 __all__ = ["GTracker", "incremental", "ExecutionLog", "active_tracker"]
 
-_PLUGIN_NAME = "gdask-execution-log"
+_PLUGIN_NAME = protocol.PLUGIN_EXECUTION_LOG
 _ACTIVE: list[GTracker] = []
 
 
@@ -207,11 +208,11 @@ class GTracker:
             client = default_client()
         self.client = client
         if max_bytes is None:
-            max_bytes = dask.config.get("gdask.tracker.cache-bytes", None) or _default_budget(client)
+            max_bytes = config.get("tracker.cache-bytes", None) or _default_budget(client)
         if isinstance(max_bytes, str):
             max_bytes = parse_bytes(max_bytes)
         if max_idle is None:
-            max_idle = int(dask.config.get("gdask.tracker.max-idle", 2))
+            max_idle = int(config.get("tracker.max-idle", 2))
         self.policy = ReusePolicy(int(max_bytes), int(max_idle))
         self.enabled = enabled
         self.history: list[dict] = []

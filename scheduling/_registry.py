@@ -4,7 +4,7 @@ Workers publish their device through ``worker.metrics`` (``gdask_device`` from t
 ``gdask_nvml`` on CUDA, and any other ``gdask_*`` dict of scalars, e.g. ``gdask_streams`` or
 ``gdask_window``); the scheduler receives them with every heartbeat. :func:`device_rows` turns
 those metrics plus the placement plugin's measurements into flat rows (pure, no I/O);
-:func:`device_table` asks the scheduler for them and returns a pandas DataFrame.
+:func:`gdask.scheduling.device_table` asks the scheduler for them (a pandas DataFrame).
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from __future__ import annotations
 import numbers
 from typing import Any, Mapping
 
-__all__ = ["device_rows", "device_table", "flatten_metrics"]
+from gdask import protocol
+
+__all__ = ["device_rows", "flatten_metrics", "frame"]
 
 #: columns first in the table, in this order (others follow alphabetically)
 COLUMNS = (
@@ -46,11 +48,11 @@ def flatten_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
         value = metrics[name]
         if not name.startswith("gdask_") or not isinstance(value, Mapping):
             continue
-        if name in ("gdask_device", "gdask_nvml"):
+        if name in (protocol.METRIC_DEVICE, protocol.METRIC_NVML):
             for k, v in value.items():
                 if _scalar(v):
                     col = _DEVICE_FIELDS.get(k, k)
-                    if name == "gdask_nvml" or col not in row:
+                    if name == protocol.METRIC_NVML or col not in row:
                         row[col] = v
             continue
         part = name[len("gdask_"):]
@@ -100,52 +102,10 @@ def device_rows(workers: Mapping[str, Mapping[str, Any]],
     return sorted(rows, key=order)
 
 
-def _frame(rows: list[dict[str, Any]]):
+def frame(rows: list[dict[str, Any]]):
+    """The device table as a pandas DataFrame, the known columns first."""
     import pandas as pd
 
     cols = [c for c in COLUMNS if any(c in r for r in rows)]
     cols += sorted({c for r in rows for c in r} - set(cols))
     return pd.DataFrame(rows, columns=cols if rows else list(COLUMNS[:2]))
-
-
-def device_table(client: Any = None):
-    """Every device of the cluster with its memory, speed, streams and load.
-
-    Parameters
-    ----------
-    client : distributed.Client, optional
-        Default: the current client.
-
-    Returns
-    -------
-    pandas.DataFrame
-        One row per device worker: ``memory_total / used / free / peak``, ``pool`` (CUDA
-        allocator), ``streams``, ``speed_configured``, ``speed_measured`` (relative, learned by the
-        placement plugin from task durations), ``tasks`` and ``busy_time`` (device counters),
-        ``placed`` and ``backlog_s`` (placement plugin), on CUDA ``gpu_util``, ``mem_util``,
-        ``sm_count``, ``topology``; plus one ``<part>.<field>`` column per value other gdask
-        components publish (``streams.k``, ``window.hits``, ...). Without the placement plugin on
-        the scheduler, its columns are missing.
-
-    Examples
-    --------
-    >>> gdask.scheduling.device_table(client)  # doctest: +SKIP
-    """
-    if client is None:
-        from distributed import default_client
-
-        client = default_client()
-
-    async def ask():
-        try:
-            return await client.scheduler.gdask_device_table()
-        except Exception as e:  # noqa: BLE001 - plugin not installed: fall back to plain metrics
-            if "gdask_device_table" not in str(e) and "unknown operation" not in str(e).lower():
-                raise
-            return None
-
-    rows = client.sync(ask)
-    if rows is None:
-        info = client.scheduler_info(n_workers=-1)["workers"]
-        rows = device_rows(info)
-    return _frame(rows)

@@ -24,10 +24,7 @@ from __future__ import annotations
 from gdask.window_cache._policy import LRU, FurthestInFuture, ScanOrder, WindowSize, scan_order
 from gdask.window_cache._scan import scan, scan_priority
 from gdask.window_cache._stats import hint_order, stats, worker_store
-from gdask.window_cache._store import State, WindowCacheMemoryError, WindowStore, make_room
-from gdask._devices._emulated import register_reclaimer
-
-register_reclaimer(make_room)  # a task result that does not fit moves cached blocks to the host first
+from gdask.window_cache._store import State, WindowCacheMemoryError, WindowStore, make_room, use_window_store
 
 __all__ = [
     "FurthestInFuture",
@@ -43,5 +40,6 @@ __all__ = [
     "scan_order",
     "scan_priority",
     "stats",
+    "use_window_store",
     "worker_store",
 ]

@@ -27,12 +27,13 @@ from typing import Any, Callable, Hashable, Iterator
 from dask.sizeof import sizeof
 from dask.utils import format_bytes
 
-from gdask import _config
-from gdask._errors import DeviceMemoryError
+from gdask import config
+from gdask.devices import parse_size
+from gdask import DeviceMemoryError
 from gdask.window_cache._policy import LRU, FurthestInFuture, WindowSize
 from gdask.window_cache._tiers import DiskTier, device_tier
 
-__all__ = ["State", "WindowCacheMemoryError", "WindowStore", "make_room"]
+__all__ = ["State", "WindowCacheMemoryError", "WindowStore", "make_room", "use_window_store"]
 
 Key = Hashable
 
@@ -80,31 +81,36 @@ class _Entry:
         return State.DISK
 
 
-_stores: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> store
-
-
 def make_room(nbytes: int, device: Any = None) -> int:
-    """Evict blocks of the window stores on ``device`` (default: this process's device) until
-    ``nbytes`` more device memory is free, ignoring the prefetch rules; returns the bytes evicted.
+    """Evict blocks of the window stores bound to ``device`` (default: the calling worker's device)
+    until ``nbytes`` more device memory is free, ignoring the prefetch rules; returns the bytes
+    evicted.
 
     For allocations outside the store that failed with :class:`~gdask.DeviceMemoryError`: call
-    ``make_room(nbytes)`` and retry once.
+    ``make_room(nbytes)`` and retry once (gdask's own allocations do this by themselves).
     """
     if device is None:
-        from gdask import _devices
+        from gdask.devices import current_device
 
-        device = _devices._current
-    freed = 0
-    for s in list(_stores.values()):
-        if freed >= nbytes:
-            break
-        if device is None or (s._tier is not None and s._tier.device is device):
-            freed += s.evict_bytes(nbytes - freed)
-    return freed
+        device = current_device()
+    return device.reclaim(nbytes)
+
+
+def use_window_store(worker: Any, **kwargs: Any) -> bool:
+    """Give ``worker`` (a distributed Worker that holds no data yet) a :class:`WindowStore` as its
+    data; the worker's device plugin binds it to the device. Returns False (and changes nothing)
+    when the worker already holds data or has a window store."""
+    data = worker.data
+    if isinstance(data, WindowStore) or len(data):
+        return False
+    store = WindowStore(**kwargs)
+    worker.memory_manager.data = store
+    worker.state.data = store
+    return True
 
 
 def _config_policy() -> str:
-    return _config.get("window-cache.policy", "window")
+    return config.get("window-cache.policy", "window")
 
 
 class WindowStore(MutableMapping):
@@ -118,10 +124,9 @@ class WindowStore(MutableMapping):
         object with the policy interface (``on_insert``, ``on_read``, ``on_remove``, ``hint``,
         ``victims``, ``prefetch``). Default: config ``gdask.window-cache.policy``.
     device : gdask device, optional
-        Device whose memory holds the device tier. Default: the process's device
-        (``gdask._devices.current_device``), bound at first use, because a worker's device is
-        set up by a plugin after the worker has created its data store. Without a device
-        everything lives in a plain dict.
+        Device whose memory holds the device tier. On a worker, leave it out: the worker's device
+        plugin binds the store to the worker's device (:meth:`attach_device`) after the worker
+        made its data store. Until a device is bound everything lives in a plain dict.
     reserve : int, float or str, optional
         Device memory kept free: bytes, "64MiB", or a fraction (< 1) of the budget; at least the
         largest block is always kept free. Default config ``gdask.window-cache.reserve``.
@@ -156,10 +161,8 @@ class WindowStore(MutableMapping):
                  size: Callable[[Any], int] | None = None, on_hit: Callable | None = None,
                  on_miss: Callable | None = None, on_evict: Callable | None = None,
                  window_samples: int = 1000, window_interval: float = 0.01) -> None:
-        from gdask._devices import parse_size
-
         if prefetch is None:
-            prefetch = int(_config.get("window-cache.prefetch", 2))
+            prefetch = int(config.get("window-cache.prefetch", 2))
         policy = _config_policy() if policy is None else policy
         if isinstance(policy, str):
             if policy == "window":
@@ -170,15 +173,15 @@ class WindowStore(MutableMapping):
                 raise ValueError(f"policy must be 'window', 'lru' or a policy object, got {policy!r}")
         self.policy = policy
         if reserve is None:
-            reserve = _config.get("window-cache.reserve", 0.05)
+            reserve = config.get("window-cache.reserve", 0.05)
         if isinstance(reserve, str):
             reserve = parse_size(reserve, name="reserve")
         self.size_policy = WindowSize(reserve)
         self.host_copy = bool(host_copy)
         if host_memory_limit is None:
-            host_memory_limit = _config.get("window-cache.host-memory-limit")
+            host_memory_limit = config.get("window-cache.host-memory-limit")
         self.host_memory_limit = parse_size(host_memory_limit, name="host_memory_limit")
-        disk = disk if disk is not None else _config.get("window-cache.disk")
+        disk = disk if disk is not None else config.get("window-cache.disk")
         self._disk_dir = disk
         self._disk: DiskTier | None = None
         self._size = size or sizeof
@@ -207,29 +210,29 @@ class WindowStore(MutableMapping):
     # -- binding -------------------------------------------------------------------------------
     @property
     def tier(self):
-        """The device tier adapter, bound at first use (``None`` while there is no device)."""
-        if self._tier is None:
-            dev = self._device
-            if dev is None:
-                from gdask import _devices
-
-                dev = _devices._current  # the worker's device, never a new one
-            if dev is not None:
-                self._tier = device_tier(dev)
-                _stores[id(self)] = self
-                self._register_metrics()
+        """The device tier adapter (``None`` while no device is bound)."""
+        if self._tier is None and self._device is not None:
+            self.attach_device(self._device)
         return self._tier
 
-    def _register_metrics(self) -> None:
-        """Publish ``worker.metrics["gdask_window"]`` on the worker whose data store this is."""
-        try:
-            from distributed import Worker
-        except ImportError:  # pragma: no cover - distributed is a dependency
-            return
-        for worker in list(getattr(Worker, "_instances", ())):
-            if getattr(worker, "data", None) is self:
-                ref = weakref.ref(self)
-                worker.metrics["gdask_window"] = lambda w: (ref() or _Empty).metrics()
+    def attach_device(self, device: Any) -> None:
+        """Keep the device tier in ``device``'s memory and let the device ask this store for room
+        when an allocation does not fit (its reclaimers). Done by the worker's device plugin."""
+        with self._lock:
+            if self._tier is not None and self._tier.device is device:
+                return
+            if self._tier is not None:
+                self._tier.device.remove_reclaimer(self._reclaim)
+            self._device = device
+            self._tier = device_tier(device)
+        device.add_reclaimer(self._reclaim)
+
+    def detach_device(self, device: Any) -> None:
+        """Stop answering ``device``'s requests for room (the device plugin's teardown)."""
+        device.remove_reclaimer(self._reclaim)
+
+    def _reclaim(self, nbytes: int, device: Any) -> int:
+        return self.evict_bytes(nbytes)
 
     # -- mapping protocol ------------------------------------------------------------------------
     def __setitem__(self, key: Key, value: Any) -> None:
@@ -377,7 +380,7 @@ class WindowStore(MutableMapping):
                                              largest=self._largest)
 
     def metrics(self) -> dict[str, Any]:
-        """Scalar metrics (for ``worker.metrics["gdask_window"]`` and the device table)."""
+        """Scalar metrics (the worker's ``gdask_window`` metric and the device table)."""
         with self._lock:
             c = dict(self.counters)
             states = {s: 0 for s in State}
@@ -664,9 +667,3 @@ def _prefetch_loop(ref: weakref.ref) -> None:
                 with store._lock:
                     store.counters["prefetch_dropped"] += 1
         del store
-
-
-class _Empty:
-    @staticmethod
-    def metrics() -> dict[str, Any]:
-        return {}

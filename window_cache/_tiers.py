@@ -119,16 +119,12 @@ class CudaTier:
         return isinstance(x, self._cp.ndarray)
 
     def alloc(self, host: Any) -> Any:
-        from gdask._devices._cuda import _oom_types
-        from gdask._errors import DeviceMemoryError
-
-        try:
+        """A device buffer for ``host``; CuPy's / RMM's out-of-memory errors raise DeviceMemoryError."""
+        def empty():
             with self.device.device:
                 return self._cp.empty(host.shape, dtype=host.dtype, order=_order(host))
-        except DeviceMemoryError:
-            raise
-        except _oom_types() as e:
-            raise DeviceMemoryError(f"CUDA device {self.device.spec.index} out of memory: {e}") from e
+
+        return self.device.translate_oom(empty)
 
     def copy_to_device(self, dev: Any, host: Any) -> None:
         """Host (pinned) -> device copy on this thread's stream: the prefetch thread has its own

@@ -7,11 +7,10 @@ This is gdask's lowest layer. Everything that touches CuPy, RMM or NVML goes thr
 from __future__ import annotations
 
 import importlib.util
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from gdask import _config
+from gdask import config
 from gdask._devices._emulated import EmulatedDevice, EmulatedPool
 from gdask._devices._spec import BACKENDS, DeviceSpec, parse_size
 from gdask._errors import NoDeviceError
@@ -22,11 +21,16 @@ __all__ = [
     "EmulatedDevice",
     "EmulatedPool",
     "Inventory",
+    "LocalContext",
+    "StateSpaces",
+    "context",
     "current_device",
     "discover",
     "make_device",
     "make_specs",
-    "set_current_device",
+    "module_available",
+    "parse_size",
+    "worker_state",
 ]
 
 
@@ -66,7 +70,7 @@ def discover(backend: str | None = None) -> Inventory:
     """
     from gdask._devices import _nvml
 
-    backend = backend or _config.get("backend", "auto")
+    backend = backend or config.get("backend", "auto")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     inv = Inventory()
@@ -104,12 +108,12 @@ def make_specs(
     inv = discover(backend)
     if n_devices is not None and (not isinstance(n_devices, int) or isinstance(n_devices, bool) or n_devices < 1):
         raise ValueError(f"n_devices must be a positive integer, got {n_devices!r}")
-    streams = int(streams if streams is not None else _config.get("device.streams", 1))
+    streams = int(streams if streams is not None else config.get("device.streams", 1))
     if inv.backend == "cuda":
         gpus = inv.cuda_devices
         n = n_devices or len(gpus)
         per_gpu = [sum(1 for i in range(n) if i % len(gpus) == g) for g in range(len(gpus))]
-        limit = parse_size(device_memory if device_memory is not None else _config.get("cuda.memory-limit"),
+        limit = parse_size(device_memory if device_memory is not None else config.get("cuda.memory-limit"),
                            name="device_memory")
         specs = []
         for i in range(n):
@@ -118,12 +122,12 @@ def make_specs(
             specs.append(DeviceSpec(index=i, backend="cuda", memory=min(mem, limit) if limit else mem,
                                     speed=1.0, physical=g["index"], name=g["name"], streams=streams))
     else:
-        n = n_devices or int(_config.get("emulated.n-devices", 2))
-        mem = parse_size(device_memory if device_memory is not None else _config.get("emulated.memory"),
+        n = n_devices or int(config.get("emulated.n-devices", 2))
+        mem = parse_size(device_memory if device_memory is not None else config.get("emulated.memory"),
                          name="device_memory")
-        bw = parse_size(bandwidth if bandwidth is not None else _config.get("emulated.bandwidth"),
+        bw = parse_size(bandwidth if bandwidth is not None else config.get("emulated.bandwidth"),
                         name="bandwidth")
-        speeds = device_speeds if device_speeds is not None else _config.get("emulated.speeds")
+        speeds = device_speeds if device_speeds is not None else config.get("emulated.speeds")
         if speeds is None:
             speeds = [1.0] * n
         speeds = [float(s) for s in speeds]
@@ -146,27 +150,4 @@ def make_device(spec: DeviceSpec):
     return EmulatedDevice(spec)
 
 
-_current = None
-_current_lock = threading.Lock()
-
-
-def set_current_device(device) -> None:
-    """Make ``device`` the device this process computes on (done by the worker plugin)."""
-    global _current
-    with _current_lock:
-        _current = device
-
-
-def current_device():
-    """The device of this process; outside a gdask worker, a local device chosen from config.
-
-    The local device is cuda device 0 where CUDA is usable, else an emulated device with the
-    configured memory budget.
-    """
-    global _current
-    if _current is None:
-        with _current_lock:
-            if _current is None:
-                spec = make_specs(1)[0]
-                _current = make_device(spec)
-    return _current
+from gdask._devices._context import LocalContext, StateSpaces, context, current_device, worker_state  # noqa: E402

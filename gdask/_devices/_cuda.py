@@ -9,6 +9,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from gdask._devices._base import DeviceBase
 from gdask._devices._spec import DeviceSpec
 from gdask._errors import DeviceMemoryError
 
@@ -50,7 +51,7 @@ def setup_rmm_pool(pool_size: int | None, device_memory: int) -> str:
     return f"rmm pool of {pool_size} bytes"
 
 
-class CudaDevice:
+class CudaDevice(DeviceBase):
     """One CUDA device (or a logical slice of one) owned by this process."""
 
     backend = "cuda"
@@ -58,6 +59,7 @@ class CudaDevice:
     def __init__(self, spec: DeviceSpec) -> None:
         import cupy
 
+        super().__init__()
         self.spec = spec
         self._cupy = cupy
         self.device = cupy.cuda.Device(0)  # CUDA_VISIBLE_DEVICES maps the worker's GPU to 0
@@ -82,16 +84,25 @@ class CudaDevice:
             self._local.stream = s
         return s
 
-    def asarray(self, x: Any, order: str = "F") -> Any:
-        cp = self._cupy
+    def translate_oom(self, func: Callable[[], Any]) -> Any:
+        """``func()`` with CuPy's and RMM's out-of-memory errors raised as DeviceMemoryError."""
         try:
-            with self.device, self.stream():
-                out = cp.array(x, order=order, copy=True)
-                self.stream().synchronize()
+            return func()
         except DeviceMemoryError:
             raise
         except _oom_types() as e:
             raise DeviceMemoryError(f"CUDA device {self.spec.index} out of memory: {e}") from e
+
+    def asarray(self, x: Any, order: str = "F") -> Any:
+        cp = self._cupy
+
+        def copy():
+            with self.device, self.stream():
+                out = cp.array(x, order=order, copy=True)
+                self.stream().synchronize()
+            return out
+
+        out = self.with_room(int(getattr(x, "nbytes", 0)), lambda: self.translate_oom(copy), "a host->device copy")
         with self._stats_lock:
             self.bytes_h2d += out.nbytes
         return out
@@ -109,14 +120,15 @@ class CudaDevice:
 
     def run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
-        try:
+
+        def call():
             with self.device, self.stream():
                 result = func(*args, **kwargs)
                 self.stream().synchronize()
-        except DeviceMemoryError:
-            raise
-        except _oom_types() as e:
-            raise DeviceMemoryError(f"CUDA device {self.spec.index} out of memory: {e}") from e
+            return result
+
+        # the size a kernel needs is unknown: make room for an eighth of the device and retry once
+        result = self.with_room(self.budget // 8, lambda: self.translate_oom(call), "a task's device work")
         with self._stats_lock:
             self.busy_time += time.perf_counter() - t0
             self.tasks += 1

@@ -14,20 +14,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+from gdask._devices._base import DeviceBase
 from gdask._devices._spec import DeviceSpec
 from gdask._errors import DeviceMemoryError
 from dask.utils import format_bytes
-
-
-#: callables ``(nbytes, device) -> bytes freed`` that can free device memory on demand (the window
-#: cache registers one: it moves blocks to the host); tried once when a task's result does not fit
-_reclaimers: list[Callable[[int, Any], int]] = []
-
-
-def register_reclaimer(func: Callable[[int, Any], int]) -> None:
-    """Let ``func(nbytes, device)`` free device memory when a task result does not fit."""
-    if func not in _reclaimers:
-        _reclaimers.append(func)
 
 
 def _root(arr: np.ndarray) -> np.ndarray:
@@ -121,12 +111,13 @@ class EmulatedPool:
         return arr
 
 
-class EmulatedDevice:
+class EmulatedDevice(DeviceBase):
     """One emulated device: a pool, a speed, a host<->device bandwidth."""
 
     backend = "emulated"
 
     def __init__(self, spec: DeviceSpec) -> None:
+        super().__init__()
         self.spec = spec
         self.pool = EmulatedPool(spec.memory, name=f"emulated device {spec.index}")
         self.bytes_h2d = 0
@@ -153,12 +144,8 @@ class EmulatedDevice:
     def asarray(self, x: Any, order: str = "F") -> np.ndarray:
         """Copy host data onto the device in the given layout ("F" = feature-major for 2-D)."""
         x = np.asarray(x)
-        try:
-            out = self.pool.empty(x.shape, x.dtype, order=order)
-        except DeviceMemoryError:  # make room (e.g. cached blocks to the host) and retry once
-            if x.nbytes > self.pool.budget or not self._reclaim(x.nbytes):
-                raise
-            out = self.pool.empty(x.shape, x.dtype, order=order)
+        out = self.with_room(x.nbytes, lambda: self.pool.empty(x.shape, x.dtype, order=order),
+                             "a host->device copy")
         out[...] = x
         self._transfer(out.nbytes, "h2d")
         return out
@@ -168,19 +155,10 @@ class EmulatedDevice:
         self._transfer(x.nbytes, "d2h")
         return x
 
-    def _reclaim(self, nbytes: int) -> bool:
-        """Ask the registered reclaimers to free ``nbytes`` of this device; whether any was freed."""
-        return sum(r(nbytes, self) for r in list(_reclaimers)) > 0
-
     def adopt(self, result: Any) -> Any:
         """Charge a task's array results to this device's pool."""
         if isinstance(result, np.ndarray):
-            try:
-                return self.pool.adopt(result)
-            except DeviceMemoryError:  # make room (e.g. cached blocks to the host) and retry once
-                if not self._reclaim(int(_root(result).nbytes)):
-                    raise
-                return self.pool.adopt(result)
+            return self.with_room(int(_root(result).nbytes), lambda: self.pool.adopt(result), "a task result")
         if isinstance(result, (tuple, list)):
             for r in result:
                 self.adopt(r)

@@ -8,25 +8,26 @@ cluster and is not looked at again. Only the other rows get distances computed, 
 float64. Every block also keeps its per-cluster sums, moved row by row when a row changes cluster,
 so an iteration late in a fit touches a few bytes per row instead of the whole block.
 
-The state lives in the worker process that holds the block, in :data:`_STATES`, keyed by a fit
-token and the block array itself (checked by identity through a weak reference). It is a cache:
-a block whose state is missing (first iteration, block moved to another worker, worker restarted)
-is simply computed in full, with the same result. :func:`bounds_labels` ends a fit and frees it.
+The state lives with the worker that holds the block, in the worker's state space of the fit
+(:func:`gdask.devices.worker_state`, dropped by the iteration engine when the fit ends), keyed by
+the block array itself (checked by identity through a weak reference). A block whose state is
+missing (moved to another worker, recomputed after a worker was lost) is rebuilt from the fit's
+*history* (the centers of every earlier bounds pass): the same first pass and the same steps, so
+the same bits as if it had never been lost. A caller without the history at hand gets
+``{"missing": True}`` back and asks again with it.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import weakref
-from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 from numba import njit
 
-from gdask.gdataset._blocks import array_module
+from gdask.devices import array_module, current_device, worker_state
 from gdask.ml import _kernels
 
 #: when more than this fraction of a block's rows must be looked at again (early iterations, when
@@ -34,14 +35,10 @@ from gdask.ml import _kernels
 #: step gives up as soon as it has met that many
 FULL_PASS_FRACTION = 0.2
 
-#: fits whose states a process keeps at most (older fits' states are dropped: a fit that was
-#: interrupted never frees its own)
-MAX_FITS = 4
-
 logger = logging.getLogger("gdask.ml")
 
-_lock = threading.Lock()
-_STATES: OrderedDict[str, dict[int, BlockBounds]] = OrderedDict()
+#: what a bounds pass returns for a block without state when the caller gave no history
+MISSING = {"missing": True}
 
 
 @dataclass
@@ -57,69 +54,31 @@ class BlockBounds:
     counts: Any  # (k,) float64
     far: Any = None  # after a full pass: (squared distances, rows, labels) of the farthest rows
     sxx: float = float("nan")  # sum_i w_i |x_i|^2 in float64, from the full pass (for the inertia at the end)
+    memo: Any = None  # the last passes' (centers, partial): a pass asked again gets the same answer
+
+
+#: passes a block remembers: a loop that resumes after a failure may repeat the last one or two
+MEMO = 3
 
 
 def _get(token: str, blk: Any) -> BlockBounds | None:
-    with _lock:
-        st = _STATES.get(token, {}).get(id(blk))
+    st = (worker_state(token, create=False) or {}).get(id(blk))
     if st is None or st.ref() is not blk:
         return None
     return st
 
 
 def _put(token: str, blk: Any, st: BlockBounds) -> None:
-    with _lock:
-        fit = _STATES.get(token)
-        if fit is None:
-            fit = _STATES[token] = {}
-            while len(_STATES) > MAX_FITS:
-                _STATES.popitem(last=False)
-            for other in _STATES.values():  # blocks this process no longer holds (e.g. fetched copies)
-                for key in [key for key, s in other.items() if s.ref() is None]:
-                    del other[key]
-        fit[id(blk)] = st
+    space = worker_state(token)
+    for key in [key for key, s in space.items() if s.ref() is None]:  # blocks this process let go
+        del space[key]
+    space[id(blk)] = st
 
 
 def _pop(token: str, blk: Any) -> None:
-    with _lock:
-        fit = _STATES.get(token)
-        if fit is not None:
-            fit.pop(id(blk), None)
-            if not fit:
-                del _STATES[token]
-
-
-def drop(token: str) -> int:
-    """Forget every block state of fit ``token`` in this process; the number dropped."""
-    with _lock:
-        return len(_STATES.pop(token, {}))
-
-
-def free(token: str) -> None:
-    """Forget fit ``token``'s states here and, without waiting, on the workers of the default
-    client (a block copied to another worker for one task leaves a state there)."""
-    drop(token)
-    try:
-        from distributed import default_client
-
-        client = default_client()
-    except ValueError:  # no client: everything ran in this process
-        return
-    try:  # on the client's event loop, so the caller does not wait for the broadcast's round trip
-        client.loop.add_callback(_drop_everywhere, client, token)
-    except (AttributeError, RuntimeError) as e:  # a client without a running loop (closing)
-        logger.debug("could not drop K-means bounds %s on the workers: %r", token, e)
-
-
-async def _drop_everywhere(client: Any, token: str) -> None:
-    try:  # distributed runs only coroutines without waiting
-        await client._run(_drop_async, token, wait=False, on_error="ignore")
-    except Exception as e:  # e.g. the client closed meanwhile: the states go with the workers or MAX_FITS
-        logger.debug("could not drop K-means bounds %s on the workers: %r", token, e)
-
-
-async def _drop_async(token: str) -> int:
-    return drop(token)
+    space = worker_state(token, create=False)
+    if space is not None:
+        space.pop(id(blk), None)
 
 
 def _center_geometry(centers: np.ndarray, old: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, float, float,
@@ -348,17 +307,20 @@ def _to_np(x: Any) -> np.ndarray:
 
 def _charge(st: BlockBounds) -> None:
     """Count the per-row state against the device's memory (CUDA arrays are allocated there)."""
-    from gdask._devices import current_device
-
     dev = current_device()
     for arr in (st.labels, st.upper, st.lower):
         dev.adopt(arr)
 
 
-def _update(blk: Any, centers: Any, token: str, w: Any) -> tuple[BlockBounds | None, int]:
-    """Bring the block's state to ``centers``: a full first pass, or one bounds step. ``None`` when
-    the device has no memory left for the state (the caller then runs plain Lloyd)."""
+def _update(blk: Any, centers: Any, token: str, w: Any,
+            history: Sequence[np.ndarray] | None) -> tuple[BlockBounds | None, int]:
+    """Bring the block's state to ``centers``: a full first pass, or one bounds step (a block
+    without state first replays ``history``). ``None`` when the device has no memory left for the
+    state (the caller then runs plain Lloyd)."""
     try:
+        if history and _get(token, blk) is None:  # lost: rebuild it exactly as it was built
+            for c in history:
+                _update_state(blk, c, token, w)
         return _update_state(blk, centers, token, w)
     except MemoryError:
         _pop(token, blk)
@@ -391,20 +353,38 @@ def _update_state(blk: Any, centers: Any, token: str, w: Any) -> tuple[BlockBoun
     return st, changed
 
 
-def bounds_partial(blk: Any, centers: Any, token: str, w: Any = None) -> dict[str, Any]:
+def bounds_partial(blk: Any, centers: Any, token: str, w: Any = None,
+                   history: Sequence[np.ndarray] | None = None) -> dict[str, Any]:
     """Lloyd statistics of one block for ``centers`` (as :func:`gdask.ml._kernels.lloyd_partial`),
     from the block's bounds when it has them. ``inertia`` is not computed (NaN). The farthest rows
-    come with a full pass only; after a bounds step an empty cluster takes a separate pass."""
-    st, changed = _update(blk, centers, token, w)
+    come with a full pass only; after a bounds step an empty cluster takes a separate pass.
+
+    ``history``: the centers of the fit's earlier bounds passes, oldest first (``[]`` on the first
+    one). A block without state replays them; without ``history`` such a block returns
+    :data:`MISSING` and the caller asks again with it. A block asked for one of its last
+    :data:`MEMO` passes again (a loop resumed after a failure repeats passes that some blocks had
+    already done) returns that pass's result unchanged, so the state evolves as if there had been
+    no failure."""
+    st = _get(token, blk)
+    if st is None and history is None:
+        return dict(MISSING)
+    cf = np.asarray(_to_np(centers), dtype=np.float64)
+    for c, out in (st.memo or ()) if st is not None else ():
+        if np.array_equal(c, cf):  # the same pass again (a resumed loop): the same answer, state untouched
+            return {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in out.items()}
+    st, changed = _update(blk, centers, token, w, history)
     if st is None:
         return _kernels.lloyd_partial(blk, centers, w)
     if st.far is None:
         dist, idx, lab = np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64)
     else:
         dist, idx, lab = st.far
-    return {"sums": _to_np(st.sums).copy(), "counts": _to_np(st.counts).copy(), "inertia": float("nan"),
-            "changed": changed, "far_d": dist, "far_label": lab, "far_rows": _to_np(blk[idx]),
-            "far_w": np.ones(idx.size) if w is None else _to_np(w)[idx].astype(np.float64)}
+    out = {"sums": _to_np(st.sums).copy(), "counts": _to_np(st.counts).copy(), "inertia": float("nan"),
+           "changed": changed, "far_d": dist, "far_label": lab, "far_rows": _to_np(blk[idx]),
+           "far_w": np.ones(idx.size) if w is None else _to_np(w)[idx].astype(np.float64)}
+    st.memo = [*(st.memo or ())[-(MEMO - 1):], (cf, {k: (v.copy() if isinstance(v, np.ndarray) else v)
+                                                     for k, v in out.items()})]
+    return out
 
 
 #: the inertia from per-cluster sums (:func:`bounds_labels`) is used while it keeps at least this
@@ -427,17 +407,18 @@ def _inertia_from_sums(st: BlockBounds) -> float | None:
     return float(value)
 
 
-def bounds_labels(blk: Any, centers: Any, token: str, w: Any = None) -> tuple[Any, float]:
+def bounds_labels(blk: Any, centers: Any, token: str, w: Any = None,
+                  history: Sequence[np.ndarray] | None = None) -> tuple[Any, float]:
     """Labels (int32) for ``centers`` and the block's inertia (the sum of ``w`` times the squared
     distance of each row to its center), from the block's bounds; ends the fit for this block (its
     state is freed). The inertia comes from the per-cluster sums the bounds keep (``sum w |x|^2``
     came with the full pass that built them) instead of a distance per row, unless that cancels
-    badly."""
-    st, _ = _update(blk, centers, token, w)
+    badly. A block without state replays ``history`` first (see :func:`bounds_partial`)."""
+    st, _ = _update(blk, centers, token, w, history)
     _pop(token, blk)
     if st is None:
         labels, mind = _kernels.assign(blk, centers)
-        return labels, _weighted_total(mind, w)
+        return labels, weighted_total(mind, w)
     inertia = _inertia_from_sums(st)
     if inertia is None:
         xp = array_module(blk)
@@ -447,9 +428,10 @@ def bounds_labels(blk: Any, centers: Any, token: str, w: Any = None) -> tuple[An
         else:
             diff = blk.astype(xp.float64) - st.centers[st.labels]
             mind = (diff * diff).sum(1)
-        inertia = _weighted_total(mind, w)
+        inertia = weighted_total(mind, w)
     return st.labels, inertia
 
 
-def _weighted_total(values: Any, w: Any) -> float:
+def weighted_total(values: Any, w: Any) -> float:
+    """``sum(values * w)`` (``sum(values)`` without weights) as a Python float."""
     return float(values.sum() if w is None else (values * w).sum())

@@ -7,7 +7,7 @@ import uuid
 from typing import Any, Iterator
 
 from gdask.gdataset import GDataSet
-from gdask.gdataset._blocks import array_module
+from gdask.devices import array_module
 
 
 def module_name(x: Any) -> str:

@@ -12,7 +12,7 @@ import weakref
 import numpy as np
 from numba import njit
 
-from gdask.gdataset._blocks import array_module
+from gdask.devices import array_module, worker_state
 
 _TILE = 128
 
@@ -178,35 +178,36 @@ def _row_norms_numba(xt, out):  # pragma: no cover - compiled
             out[i] += v * v
 
 
+#: the worker state space of the row norms of the blocks a worker holds
+_NORMS_SPACE = "kmeans-row-norms"
 _norms_lock = threading.Lock()
-_NORMS: dict[int, tuple[weakref.ref, np.ndarray]] = {}
 
 
 def row_norms(blk: np.ndarray) -> np.ndarray:
     """``|x|^2`` of each row of a NumPy block, in float64, computed once per block and kept while
-    the block lives (8 bytes per row): every full pass of a fit needs them and they never change
-    (blocks are immutable). Keyed by the block object: a fresh view of the same data computes
-    them again."""
+    the block lives (8 bytes per row), in the worker's state (:func:`gdask.devices.worker_state`):
+    every full pass of a fit needs them and they never change (blocks are immutable). Keyed by the
+    block object: a fresh view of the same data computes them again."""
     key = id(blk)
-    with _norms_lock:
-        hit = _NORMS.get(key)
+    cache = worker_state(_NORMS_SPACE)
+    hit = cache.get(key)
     if hit is not None and hit[0]() is blk:
         return hit[1]
     out = np.empty(blk.shape[0], np.float64)
     _row_norms_numba(blk.T, out)
     try:
-        ref = weakref.ref(blk, lambda r, key=key: _forget_norms(key, r))
+        ref = weakref.ref(blk, lambda r, cache=cache, key=key: _forget_norms(cache, key, r))
     except TypeError:  # not weak-referenceable: nothing to key a cache on
         return out
     with _norms_lock:
-        _NORMS[key] = (ref, out)
+        cache[key] = (ref, out)
     return out
 
 
-def _forget_norms(key: int, ref: weakref.ref) -> None:
+def _forget_norms(cache: dict, key: int, ref: weakref.ref) -> None:
     with _norms_lock:
-        if key in _NORMS and _NORMS[key][0] is ref:
-            del _NORMS[key]
+        if key in cache and cache[key][0] is ref:
+            del cache[key]
 
 
 def _is_cupy(x) -> bool:

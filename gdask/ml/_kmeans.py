@@ -5,26 +5,21 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-import threading
 import time
-import uuid
 from typing import Any
 
 import dask
 import numpy as np
 from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
 
-from gdask.gdataset import GDataSet, from_array
+from gdask.devices import array_module, to_numpy
+from gdask.gdataset import (GDataSet, IterativeAlgorithm, LoopContext, Progress, from_array, from_dataframe,
+                            persisted_futures, run_loop, sum_parts)
 from gdask.gdataset import from_dask_array as gdask_from_dask_array
-from gdask.gdataset import from_dataframe
-from gdask.gdataset._blocks import array_module, group_partial_op, sum_parts, to_numpy
-from gdask.gdataset._collective import CollectiveError, run_on_workers
-from gdask.gdataset._repr import block_workers, groups_of, persisted_futures
 from gdask.ml import _bounds, _kernels
 from gdask.ml._input import check_finite as _check_finite
 from gdask.ml._input import estimator_job
 from gdask.ml._input import is_host_input as _is_host_input
-from gdask.scheduling._plugin import report_work
 
 logger = logging.getLogger("gdask.ml")
 
@@ -110,13 +105,22 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
     runs instead when the data streams, config ``gdask.ml.worker-loop`` is false, or a worker
     cannot take part).
 
+    The loop runs on gdask's iteration engine (:func:`gdask.gdataset.run_loop`): per-block partial
+    sums are combined in block order, so a seeded fit gives the same bits wherever its blocks are
+    placed, moved or recomputed, and a loop on the workers that fails resumes from the client at its
+    last finished iteration.
+
     Parameters
     ----------
     n_clusters : int, default 8
-    init : {"k-means||", "k-means++", "random"} or array of shape (n_clusters, n_features)
+    init : {"k-means||", "k-means++", "random"}, callable or array of shape (n_clusters, n_features)
         "k-means||" (default) is the scalable oversampling init of Bahmani et al.; "k-means++"
         runs greedy k-means++ on a uniform sample of at most ``init_sample`` rows (all rows when
-        the data is smaller); "random" picks ``n_clusters`` distinct rows.
+        the data is smaller); "random" picks ``n_clusters`` distinct rows. A callable is called as
+        ``init(X, n_clusters, random_state)`` (``X`` as given) and returns the centers.
+    n_init : "auto" or int, default "auto"
+        Fits with different initial centers; the one with the lowest inertia is kept (as
+        scikit-learn). "auto": 10 for ``init="random"`` or a callable, else 1.
     max_iter : int, default 300
     tol : float, default 1e-4
         Relative tolerance (scaled by the mean feature variance, as in scikit-learn) on the
@@ -129,7 +133,14 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
     init_sample : int, default 200_000
         k-means++: rows sampled for the init.
     verbose : bool or int, default False
-        Print one line per iteration (time, inertia or rows reassigned, center shift).
+        Print one line per iteration (time, inertia or rows reassigned, center shift), in the
+        calling thread (the notebook cell running the fit), also when the loop runs on the workers.
+    copy_x : bool, default True
+        Accepted for scikit-learn compatibility: gdask never modifies X (blocks are immutable).
+    callback : callable, optional
+        ``callback(record)`` after every iteration: a dict with ``iteration``, ``seconds``,
+        ``mode``, ``center_shift`` and ``inertia`` (Lloyd passes) or ``changed`` (rows reassigned,
+        bounds passes).
     algorithm : {"auto", "elkan", "lloyd"}, default "auto"
         "lloyd" computes every row's distance to every center in each iteration. "elkan" gives the
         same assignments with far fewer distance computations: each row keeps bounds on its
@@ -148,17 +159,28 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
 
     Attributes
     ----------
-    cluster_centers_, labels_, inertia_, n_iter_, n_features_in_
+    cluster_centers_, inertia_, n_iter_, n_features_in_
+    labels_ : array
+        NumPy (CuPy for CuPy input); a lazy collection blocked like X (GDataSet, or dask array)
+        for GDataSet or dask input.
     iteration_times_ : list of float
         Seconds per iteration (without the set-up and the final labels pass).
+    history_ : list of dict
+        The per-iteration records (as given to ``callback``).
+    fit_mode_ : str
+        Where the loop ran: "workers", "client" or "stream".
     """
 
-    def __init__(self, n_clusters: int = 8, *, init: Any = "k-means||", max_iter: int = 300, tol: float = 1e-4,
-                 random_state: Any = None, oversampling_factor: float = 2.0, init_max_iter: int = 5,
-                 init_sample: int = 200_000, verbose: bool | int = False, algorithm: str = "auto",
-                 gpu: float | None = None, memory: Any = None, job_name: str | None = None) -> None:
+    def __init__(self, n_clusters: int = 8, *, init: Any = "k-means||", n_init: Any = "auto", max_iter: int = 300,
+                 tol: float = 1e-4, verbose: bool | int = False, random_state: Any = None, copy_x: bool = True,
+                 algorithm: str = "auto", oversampling_factor: float = 2.0, init_max_iter: int = 5,
+                 init_sample: int = 200_000, callback: Any = None, gpu: float | None = None, memory: Any = None,
+                 job_name: str | None = None) -> None:
         self.n_clusters = n_clusters
         self.init = init
+        self.n_init = n_init
+        self.copy_x = copy_x
+        self.callback = callback
         self.max_iter = max_iter
         self.tol = tol
         self.random_state = random_state
@@ -183,18 +205,31 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
             raise ValueError(f"tol must be a non-negative number, got {self.tol!r}")
         if self.algorithm not in ("auto", "elkan", "lloyd"):
             raise ValueError(f"algorithm must be 'auto', 'elkan' or 'lloyd', got {self.algorithm!r}")
+        if not (self.n_init == "auto" or (isinstance(self.n_init, numbers.Integral)
+                                          and not isinstance(self.n_init, bool) and self.n_init >= 1)):
+            raise ValueError(f"n_init must be 'auto' or a positive integer, got {self.n_init!r}")
+        if not isinstance(self.copy_x, (bool, np.bool_)):
+            raise ValueError(f"copy_x must be True or False, got {self.copy_x!r}")
+        if self.callback is not None and not callable(self.callback):
+            raise ValueError(f"callback must be callable or None, got {type(self.callback).__name__}")
         if isinstance(self.init, str):
             if self.init not in ("k-means||", "k-means++", "random"):
-                raise ValueError(f"init must be 'k-means||', 'k-means++', 'random' or an array, got {self.init!r}")
-        else:
-            shape = np.shape(self.init)
-            if shape != (self.n_clusters, n_features):
-                raise ValueError(
-                    f"init array must have shape (n_clusters, n_features) = ({self.n_clusters}, {n_features}), got {shape}"
-                )
+                raise ValueError(f"init must be 'k-means||', 'k-means++', 'random', a callable or an array, "
+                                 f"got {self.init!r}")
+        elif not callable(self.init):
+            self._check_init_array(self.init, n_features)
+
+    def _check_init_array(self, init: Any, n_features: int) -> None:
+        shape = np.shape(init)
+        if shape != (self.n_clusters, n_features):
+            raise ValueError(
+                f"init array must have shape (n_clusters, n_features) = ({self.n_clusters}, {n_features}), got {shape}"
+            )
+        if not np.isfinite(to_numpy(np.asarray(init) if not hasattr(init, "get") else init)).all():
+            raise ValueError("init array contains NaN or infinity")
 
     def _prepare(self, X: Any, reset: bool) -> tuple[GDataSet, str]:
-        """(GDataSet, kind of input: 'numpy' | 'cupy' | 'gdataset'). Host input goes through
+        """(GDataSet, kind of input: 'numpy' | 'cupy' | 'gdataset' | 'dask'). Host input goes through
         scikit-learn's ``validate_data`` (same errors, ``n_features_in_``, ``feature_names_in_``)."""
         if _is_host_input(X):
             from sklearn.utils.validation import validate_data
@@ -206,11 +241,14 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         elif type(X).__module__.split(".")[0] == "cupy":
             G, kind = from_array(X), "cupy"
         else:  # dask / cuDF DataFrames and dask arrays
-            G, kind = from_dataframe(X) if hasattr(X, "columns") else gdask_from_dask_array(X), "gdataset"
+            G = from_dataframe(X) if hasattr(X, "columns") else gdask_from_dask_array(X)
+            kind = "dask" if hasattr(X, "__dask_graph__") else "gdataset"
         if G.ndim != 2:
             raise ValueError(f"KMeans needs 2-D data (n_samples, n_features), got shape {G.shape}")
         if G.dtype.kind != "f":
             G = G.astype(np.float64)
+        elif G.dtype.itemsize < 4:  # float16: the kernels compute in float32 or float64
+            G = G.astype(np.float32)
         if reset:
             self.n_features_in_ = G.shape[1]
             if G.columns is not None and kind == "numpy":
@@ -253,10 +291,14 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         return np.concatenate(dask.compute(*parts), axis=0)
 
     def _init_centers(self, X: GDataSet, rng: np.random.Generator, w: np.ndarray | None = None,
-                      W: GDataSet | None = None) -> np.ndarray:
+                      W: GDataSet | None = None, original: Any = None) -> np.ndarray:
         """Initial centers; sample weights (``w`` on the host, ``W`` blocked like ``X``) weigh the
         draws (rows with weight 0 are drawn only when there are too few others)."""
         n, k = X.shape[0], self.n_clusters
+        if callable(self.init):
+            centers = to_numpy(self.init(X if original is None else original, k, self.random_state))
+            self._check_init_array(centers, X.shape[1])
+            return np.asarray(centers, dtype=X.dtype).copy()
         if not isinstance(self.init, str):
             return np.asarray(to_numpy(self.init), dtype=X.dtype).copy()
         p = None if w is None else w / w.sum()
@@ -292,6 +334,12 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
     def fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> KMeans:
         """Compute the clustering.
 
+        Parameters
+        ----------
+        X : array-like, DataFrame, CuPy array, dask array or GDataSet of shape (n_samples, n_features)
+        y : ignored
+        sample_weight : array-like or GDataSet of shape (n_samples,), optional
+
         Raises
         ------
         ValueError
@@ -302,10 +350,23 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         with estimator_job(self):  # blocks made inside a job get the job's private keys
             return self._fit(X, sample_weight)
 
+    def _n_init(self) -> int:
+        n_init = self.n_init
+        if n_init == "auto":
+            return 10 if (isinstance(self.init, str) and self.init == "random") or callable(self.init) else 1
+        if not isinstance(self.init, str) and not callable(self.init) and n_init != 1:
+            import warnings
+
+            warnings.warn(f"Explicit initial center position passed: performing only one init in KMeans instead "
+                          f"of n_init={n_init}.", RuntimeWarning, stacklevel=3)
+            return 1
+        return int(n_init)
+
     def _fit(self, X: Any, sample_weight: Any) -> KMeans:
         G, kind = self._prepare(X, reset=True)
         n, d = G.shape
         self._check_params(n, d)
+        n_init = self._n_init()
         w = self._weights(sample_weight, G)
         if persisted_futures(G) is None:  # persisting again would cost a round trip
             G = G.persist()
@@ -321,142 +382,38 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
             tol = 0.0
             if kind != "numpy" and isinstance(self.init, str):  # the init reads the data: check first
                 _check_finite(G)
-        centers = self._init_centers(G, rng, w, W)
-        # one task per worker thread over the blocks it holds (groups), whether the loop runs on the
-        # workers or from here; data larger than the devices streams through the window cache one
-        # block per task instead (a task over a group of blocks would need them all on the device at once)
-        streaming = _exceeds_devices(G)
-        where = None if streaming else block_workers(G, wait_ready=True)  # one question to the scheduler
-        groups = [[b] for b in range(G.nblocks)] if streaming else groups_of(where, G.nblocks)
-        bounds = not streaming and (self.algorithm == "elkan" or (self.algorithm == "auto" and d >= 8))
-        # bounds live with the blocks on the workers, under a key of this fit (freed by the final pass)
-        tokens = []
-
-        def start() -> _Loop:
-            tokens.append(uuid.uuid4().hex if bounds else None)
-            return _Loop(centers, bounds, tokens[-1], tol, G.dtype, n, self.verbose)
-
-        try:
-            if not streaming and groups is not None and dask.config.get("gdask.ml.worker-loop"):
-                loop = start()
-                try:  # the whole loop on the workers: no client round trip per iteration
-                    labels, self.inertia_ = self._fit_on_workers(G, W, loop, groups, where[0])
-                except CollectiveError as e:  # the loop from here gives the same result
-                    logger.warning("KMeans: the loop on the workers did not run to its end (%s); "
-                                   "running it from the client", e)
-                else:
-                    return self._fitted(loop, labels, kind)
-            loop = start()  # from the initial centers again, with bounds of its own
-            labels, self.inertia_ = self._fit_from_client(G, W, loop, groups, streaming)
-        finally:
-            for token in tokens:
-                if token is not None:
-                    _bounds.free(token)
-        return self._fitted(loop, labels, kind)
-
-    def _fitted(self, loop: _Loop, labels: np.ndarray, kind: str) -> KMeans:
+        lazy = kind == "gdataset" or kind == "dask"
+        best = None
+        for _ in range(n_init):
+            centers = self._init_centers(G, rng, w, W, original=X)
+            bounds = self.algorithm == "elkan" or (self.algorithm == "auto" and d >= 8)
+            state = _Loop(centers, bounds, tol, G.dtype, n).state()
+            algo = _KMeansLoop(self.max_iter, weighted=W is not None, labels=not lazy)
+            progress = Progress(self.verbose, self.callback, total=self.max_iter, desc="KMeans")
+            try:
+                res = run_loop(algo, {"X": G, "W": W}, state, progress=progress)
+            except _NotFinite:
+                self._raise_not_finite(G)
+            labels, inertia = _collect_finals(res.finals, G, labels=not lazy)
+            if best is None or inertia < best[1]:
+                best = (res, inertia, labels)
+        res, self.inertia_, labels = best
+        loop = _Loop.from_state(res.state)
         self.n_iter_ = loop.n_iter
         self.iteration_times_ = loop.times
+        self.fit_mode_ = res.mode
+        self.history_ = res.history
         self.cluster_centers_ = loop.centers if kind != "cupy" else _xp_from_host(loop.centers)
-        self.labels_ = labels if kind != "cupy" else _xp_from_host(labels)
+        if lazy:
+            self.labels_ = self._lazy_labels(X, G)
+        else:
+            self.labels_ = labels if kind != "cupy" else _xp_from_host(labels)
         return self
-
-    def _fit_from_client(self, G: GDataSet, W: GDataSet | None, loop: _Loop, groups: list | None,
-                         streaming: bool) -> tuple[np.ndarray, float]:
-        """The loop driven from here: one graph per iteration. Labels and inertia for the final centers."""
-        wargs = () if W is None else (W,)
-        for it in range(self.max_iter):
-            t0 = time.perf_counter()
-            chunk, cargs = loop.chunk()
-            if streaming:  # forward and backward in turn: what a pass leaves on the device comes first next
-                from gdask import window_cache
-
-                with window_cache.scan(G.__dask_keys__(), it):
-                    part = G.reduce_blocks(chunk, _kernels.lloyd_combine, loop.centers, *wargs, name="lloyd")
-                stats = part.compute()
-            else:
-                stats = _kernels.lloyd_combine(list(dask.compute(*G.reduce_groups(
-                    chunk, _kernels.lloyd_combine, loop.centers, *cargs, *wargs, groups=groups, name="lloyd"))))
-            if not np.isfinite(stats["sums"]).all():  # every row is in some sum: NaN/inf in X show up here
-                self._raise_not_finite(G)
-            done = loop.advance(stats, lambda c, s: self._farthest(G, W, c, s), t0)
-            if loop.lines:
-                print(loop.lines[-1])
-            if done:
-                break
-        # the labels for the final centers: from the bounds when the last iteration stepped on them
-        return self._final_pass(G, loop.centers, groups, loop.cargs, wargs)
-
-    def _fit_on_workers(self, G: GDataSet, W: GDataSet | None, loop: _Loop, groups: list[list[int]],
-                        workers: dict[int, str]) -> tuple[np.ndarray, float]:
-        """The whole loop as one task per worker (:func:`gdask.gdataset._collective.run_on_workers`):
-        each computes its groups' partials, all-gathers them, and takes the same step as
-        :meth:`_fit_from_client` would. ``workers`` maps blocks to the workers holding them. Raises
-        ``CollectiveError`` when the loop could not run to its end."""
-        from distributed import default_client
-
-        client = default_client()
-        peers = sorted({workers[g[0]] for g in groups})
-        mine: dict[str, list] = {a: [] for a in peers}
-        for gi, g in enumerate(groups):
-            mine[workers[g[0]]].append((gi, g, [G.block(b) for b in g], None if W is None else [W.block(b) for b in g]))
-        topic = f"gdask-kmeans-{uuid.uuid4().hex}" if self.verbose else None
-        printed: list[int] = []
-        lock = threading.Lock()
-
-        def show(index: int, line: str) -> None:
-            with lock:
-                if index == len(printed):
-                    print(line)
-                    printed.append(index)
-
-        if topic:
-            client.subscribe_topic(topic, lambda event: show(*event[1]))
-        try:
-            results = run_on_workers(client, _fit_on_worker, peers,
-                                     [(mine[a], loop.state(), self.max_iter, topic) for a in peers], name="kmeans")
-        finally:
-            if topic:
-                client.unsubscribe_topic(topic)
-        if results[0] is None:  # the sums were not finite (every rank saw the same)
-            self._raise_not_finite(G)
-        loop.load(results[0]["loop"])
-        # the passes' durations teach the placement plugin the devices' speeds, as the tasks of
-        # the loop from the client would (it rebalances the blocks when they differ)
-        try:
-            report_work(client, [(kind, nbytes, addr, sec) for addr, r in zip(peers, results)
-                                 for kind, nbytes, sec in r["observed"]])
-        except Exception as e:  # noqa: BLE001 - the fit is done: a scheduler that cannot take this loses nothing
-            logger.debug("could not report the passes' durations to the placement plugin: %r", e)
-        for i, line in enumerate(loop.lines):  # the lines the topic did not bring in time
-            show(i, line)
-        found = dict(kv for r in results for kv in r["found"].items())
-        return _collect_labels(G, groups, [found[gi] for gi in range(len(groups))])
 
     @staticmethod
     def _raise_not_finite(G: GDataSet) -> None:
         _check_finite(G)
         raise ValueError("K-means sums overflowed float64; scale the data down")
-
-    def _final_pass(self, G: GDataSet, centers: np.ndarray, groups: list | None, bounds: tuple,
-                    wargs: tuple) -> tuple[np.ndarray, float]:
-        """Labels of all rows for the final centers and the (weighted) inertia, one task per group
-        of blocks; with ``bounds = (fit token,)`` from the rows' bounds, which this frees. Each block's
-        inertia is summed where the block is, so only the labels come back (as the narrowest
-        integer type that holds them)."""
-        groups = groups or [[b] for b in range(G.nblocks)]
-        func = _bounds_labels_host if bounds else _labels_host
-        found = dask.compute(*G.reduce_groups(func, _join_lists, centers, *bounds, *wargs, groups=groups,
-                                              name="labels"))
-        return _collect_labels(G, groups, found)
-
-    def _farthest(self, G: GDataSet, W: GDataSet | None, centers: np.ndarray, stats: dict) -> tuple:
-        """The rows farthest from their centers, for more empty clusters at once than the Lloyd pass
-        reported rows for: a pass in which each block reports as many of its own."""
-        m = int((stats["counts"] == 0).sum())
-        parts = dask.compute(*[dask.delayed(_farthest_rows)(G.block(b), centers, m, None if W is None else W.block(b))
-                               for b in range(G.nblocks)])
-        return tuple(np.concatenate([p[i] for p in parts], axis=0) for i in range(4))
 
     def _assign(self, G: GDataSet, centers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Labels and exact squared distances of all rows, one task per group of blocks."""
@@ -475,21 +432,36 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
 
             raise NotFittedError("This KMeans instance is not fitted yet. Call 'fit' first.")
 
-    def predict(self, X: Any) -> Any:
-        """Index of the nearest cluster center for each row (NumPy, or CuPy for CuPy input)."""
+    def _centers_for(self, G: GDataSet) -> np.ndarray:
+        return to_numpy(self.cluster_centers_).astype(G.dtype)
+
+    def _lazy_labels(self, X: Any, G: GDataSet) -> Any:
+        """Labels as a lazy collection blocked like ``X`` (a GDataSet, or a dask array for dask input)."""
+        out = G.map_blocks(_labels_block, self._centers_for(G), dtype=np.int32, ncols=None, name="kmeans-labels")
+        return out if isinstance(X, GDataSet) else out.to_dask_array()
+
+    def predict(self, X: Any, sample_weight: Any = None) -> Any:
+        """Index of the nearest cluster center for each row: NumPy (CuPy for CuPy input); for a
+        GDataSet or dask input a lazy collection blocked like X."""
         self._check_fitted()
         G, kind = self._prepare(X, reset=False)
-        labels, _ = self._assign(G, to_numpy(self.cluster_centers_).astype(G.dtype))
+        if kind in ("gdataset", "dask"):
+            return self._lazy_labels(X, G)
+        labels, _ = self._assign(G, self._centers_for(G))
         return _xp_from_host(labels) if kind == "cupy" else labels
 
     def fit_predict(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
         return self.fit(X, sample_weight=sample_weight).labels_
 
     def transform(self, X: Any) -> Any:
-        """Distances from each row to every center, shape (n_samples, n_clusters)."""
+        """Distances from each row to every center, shape (n_samples, n_clusters); lazy (blocked like
+        X) for a GDataSet or dask input."""
         self._check_fitted()
         G, kind = self._prepare(X, reset=False)
-        c = to_numpy(self.cluster_centers_).astype(G.dtype)
+        c = self._centers_for(G)
+        if kind in ("gdataset", "dask"):
+            out = G.map_blocks(_distances_block, c, dtype=G.dtype, ncols=c.shape[0], name="kmeans-transform")
+            return out if isinstance(X, GDataSet) else out.to_dask_array()
         parts = dask.compute(*[dask.delayed(_distances_host)(G.block(b), c) for b in range(G.nblocks)])
         out = np.concatenate(parts, axis=0)
         return _xp_from_host(out) if kind == "cupy" else out
@@ -501,46 +473,60 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         """Opposite of the inertia of X against the fitted centers (higher is better)."""
         self._check_fitted()
         G, _ = self._prepare(X, reset=False)
-        _, mind = self._assign(G, to_numpy(self.cluster_centers_).astype(G.dtype))
-        return -_bounds._weighted_total(mind, self._weights(sample_weight, G))
+        _, mind = self._assign(G, self._centers_for(G))
+        return -_bounds.weighted_total(mind, self._weights(sample_weight, G))
+
+
+class _NotFinite(ArithmeticError):
+    """The partial sums of a pass were not finite (NaN / inf in the data, or an overflow)."""
 
 
 class _Loop:
     """A fit's state between passes and the decisions taken on it: the next centers, whether the
-    next pass steps on the bounds, convergence. The loop from the client and the loop on the
-    workers both run this, so they take the same steps to the same result."""
+    next pass steps on the bounds, convergence. Wherever the engine runs the driver, it takes the
+    same steps from the same state (the state is plain data: it is also the fit's checkpoint)."""
 
-    def __init__(self, centers: np.ndarray, bounds: bool, token: str | None, tol: float, dtype: Any, n: int,
-                 verbose: bool | int) -> None:
+    def __init__(self, centers: np.ndarray, bounds: bool, tol: float, dtype: Any, n: int) -> None:
         self.centers = centers
         self.bounds = bounds
-        self.token = token
         self.tol = tol
         self.dtype = np.dtype(dtype)
         self.n = n
-        self.verbose = bool(verbose)
         self.settled = False  # centers move less than the bounds can absorb: bounds pay from here on
         self.last_move = 0.0  # the largest squared move of a center in the previous iteration (none yet)
         self.cargs: tuple = ()  # the chunk arguments of the last pass: (token,) when it stepped on bounds
+        self.history: list[np.ndarray] = []  # the centers of every bounds pass so far (to rebuild lost bounds)
         self.n_iter = 0
         self.times: list[float] = []
-        self.lines: list[str] = []
 
-    def chunk(self) -> tuple[Any, tuple]:
-        """The per-block function of the next pass and its extra arguments."""
+    @classmethod
+    def from_state(cls, state: dict) -> _Loop:
+        loop = cls.__new__(cls)
+        vars(loop).update(state)
+        loop.history = list(loop.history)
+        loop.times = list(loop.times)
+        return loop
+
+    def state(self) -> dict:
+        return dict(vars(self))
+
+    def chunk(self, token: str) -> tuple[Any, tuple]:
+        """The per-block function of the next pass and its extra arguments (before the weights)."""
         if self.bounds and self.settled:
-            self.cargs = (self.token,)
+            self.cargs = (token,)
             return _bounds.bounds_partial, self.cargs
         self.cargs = ()  # while centers still jump, nearly every row fails its bounds: plain Lloyd is cheaper
         return _kernels.lloyd_partial, self.cargs
 
-    def advance(self, stats: dict, farthest: Any, t0: float) -> bool:
-        """Take the step from one pass's combined statistics; whether the fit converged.
+    def advance(self, stats: dict, farthest: Any, t0: float) -> tuple[bool, dict]:
+        """Take the step from one pass's combined statistics: (converged, the iteration's record).
         ``farthest(centers, stats)`` is the extra pass for more empty clusters than the pass
         reported rows for."""
         new = _next_centers(stats, self.centers, self.dtype)
         if new is None:
             new = _next_centers(stats, self.centers, self.dtype, farthest(self.centers, stats))
+        if self.cargs:
+            self.history.append(np.asarray(self.centers, dtype=np.float64))
         moves = ((new.astype(np.float64) - self.centers) ** 2).sum(1)
         shift = float(moves.sum())
         # a center's largest move falling below half the previous one bets on settling: that pass
@@ -550,71 +536,74 @@ class _Loop:
         self.centers = new
         self.n_iter += 1
         self.times.append(time.perf_counter() - t0)
-        if self.verbose:
-            if not self.cargs:
-                what = f"inertia {stats['inertia']:.6g}"
-            else:  # a first bounds pass counts every row
-                what = "bounds built" if stats["changed"] >= self.n else f"{stats['changed']} rows reassigned"
-            self.lines.append(f"iteration {self.n_iter}: {self.times[-1] * 1e3:.1f} ms, {what}, "
-                              f"center shift {shift:.3g}")
-        return shift <= self.tol
-
-    def state(self) -> dict:
-        return dict(vars(self))
-
-    def load(self, state: dict) -> None:
-        vars(self).update(state)
+        record: dict[str, Any] = {"center_shift": shift}
+        if not self.cargs:
+            record["inertia"] = float(stats["inertia"])
+            what = f"inertia {stats['inertia']:.6g}"
+        else:  # a first bounds pass counts every row
+            record["changed"] = int(stats["changed"])
+            what = "bounds built" if stats["changed"] >= self.n else f"{stats['changed']} rows reassigned"
+        record["line"] = (f"iteration {self.n_iter}: {self.times[-1] * 1e3:.1f} ms, {what}, "
+                          f"center shift {shift:.3g}")
+        return shift <= self.tol, record
 
 
-def _group_partial(func: Any, combine: Any, blocks: list, args: tuple, weights: list | None) -> Any:
-    """What the task of one group of blocks computes in the loop from the client (``reduce_groups``)."""
-    flat = [a for j, blk in enumerate(blocks) for a in (blk, *args, *(() if weights is None else (weights[j],)))]
-    return group_partial_op(func, combine, len(flat) // len(blocks), *flat, host=True)
+class _KMeansLoop(IterativeAlgorithm):
+    """K-means on the iteration engine: one pass (Lloyd's, or a step on the bounds) per iteration."""
 
+    name = "kmeans"
 
-def _fit_on_worker(comm: Any, mine: list, state: dict, max_iter: int, topic: str | None) -> dict | None:
-    """One worker's task of :meth:`KMeans._fit_on_workers`: ``mine`` lists its groups as
-    ``(group index, block indices, blocks, weight blocks or None)``. Returns the loop's final
-    state, per group what the final labels pass of the loop from the client returns, and the
-    groups' passes as ``(kind, input bytes, seconds)`` (for the placement plugin); None when the
-    sums were not finite."""
-    loop = _Loop.__new__(_Loop)
-    loop.load(state)
-    observed: list[tuple[str, int, float]] = []
-    for _ in range(max_iter):
-        t0 = time.perf_counter()
-        chunk, cargs = loop.chunk()
-        own = []
-        for gi, _, blocks, ws in mine:
-            t = time.perf_counter()
-            own.append((gi, _group_partial(chunk, _kernels.lloyd_combine, blocks, (loop.centers, *cargs), ws)))
-            # what the group's task would have taken (kind and input bytes as in the loop from the client)
-            observed.append(("lloyd-partial", _nbytes(blocks, ws), time.perf_counter() - t))
-        parts = sorted((p for ps in comm.allgather(own) for p in ps), key=lambda p: p[0])
-        stats = _kernels.lloyd_combine([p for _, p in parts])  # in group order, as the client combines them
-        if not np.isfinite(stats["sums"]).all():
-            return None
-        done = loop.advance(stats, lambda c, s: _farthest_on_workers(comm, mine, c, s), t0)
-        if topic and loop.lines and comm.rank == 0:
-            comm.worker.log_event(topic, (len(loop.lines) - 1, loop.lines[-1]))
-        if done:
-            break
-    func = _bounds_labels_host if loop.cargs else _labels_host
-    found = {gi: _group_partial(func, _join_lists, blocks, (loop.centers, *loop.cargs), ws) for gi, _, blocks, ws in mine}
-    return {"loop": loop.state(), "found": found, "observed": observed}
+    def __init__(self, max_iter: int, weighted: bool, labels: bool) -> None:
+        self.max_iter = int(max_iter)
+        self.weighted = bool(weighted)
+        self.labels = bool(labels)
 
+    def _wargs(self, ctx: LoopContext) -> tuple:
+        return (ctx.data["W"],) if self.weighted else ()
 
-def _nbytes(blocks: list, weights: list | None) -> int:
-    return sum(int(b.nbytes) for b in blocks) + sum(int(w.nbytes) for w in weights or ())
+    def run(self, state: dict, ctx: LoopContext) -> dict:
+        loop = _Loop.from_state(state)
+        if ctx.mode == "stream":  # bounds live next to device blocks: not for blocks that come and go
+            loop.bounds = False
+        X, wargs = ctx.data["X"], self._wargs(ctx)
 
+        def farthest(centers: np.ndarray, stats: dict) -> tuple:
+            m = int((stats["counts"] == 0).sum())
+            rows = ctx.map(_farthest_rows, X, centers, m, *wargs, name="kmeans-farthest")
+            return tuple(np.concatenate([r[i] for r in rows], axis=0) for i in range(4))
 
-def _farthest_on_workers(comm: Any, mine: list, centers: np.ndarray, stats: dict) -> tuple:
-    """:meth:`KMeans._farthest` on the workers: every block's farthest rows, all-gathered in block order."""
-    m = int((stats["counts"] == 0).sum())
-    own = [(b, _farthest_rows(blk, centers, m, None if ws is None else ws[j]))
-           for _, g, blocks, ws in mine for j, (b, blk) in enumerate(zip(g, blocks))]
-    rows = [r for _, r in sorted((p for ps in comm.allgather(own) for p in ps), key=lambda p: p[0])]
-    return tuple(np.concatenate([r[i] for r in rows], axis=0) for i in range(4))
+        while ctx.iteration < self.max_iter:
+            t0 = time.perf_counter()
+            chunk, cargs = loop.chunk(ctx.token)
+            kw = {}
+            if cargs and (ctx.mode == "workers" or not loop.history):  # the history is at hand: no replay round
+                kw["history"] = loop.history
+            parts = ctx.map(chunk, X, loop.centers, *cargs, *wargs, name="lloyd-partial", **kw)
+            missing = [b for b, p in enumerate(parts) if p.get("missing")]
+            if missing:  # blocks whose bounds were lost (moved, recomputed): rebuilt from the fit's history
+                redo = ctx.map(chunk, X, loop.centers, *cargs, *wargs, blocks=missing, name="lloyd-partial",
+                               history=loop.history)
+                for b, p in zip(missing, redo):
+                    parts[b] = p
+            stats = _kernels.lloyd_combine(parts)  # in block order, wherever the blocks are
+            if not np.isfinite(stats["sums"]).all():  # every row is in some sum: NaN/inf in X show up here
+                raise _NotFinite("non-finite K-means sums")
+            done, record = loop.advance(stats, farthest, t0)
+            ctx.checkpoint(loop.state(), **record)
+            if done:
+                break
+        return loop.state()
+
+    def final(self, state: dict) -> tuple:
+        loop = _Loop.from_state(state)
+        from gdask.gdataset import Blocks
+
+        X = Blocks("X")
+        wargs = (Blocks("W"),) if self.weighted else ()
+        if loop.cargs:  # the labels from the bounds when the last iteration stepped on them
+            return _bounds_labels_host, (X, loop.centers, *loop.cargs, *wargs), {"history": loop.history,
+                                                                                 "labels": self.labels}
+        return _labels_host, (X, loop.centers, *wargs), {"labels": self.labels}
 
 
 def _settled(centers: np.ndarray, moves: np.ndarray) -> bool:
@@ -626,23 +615,6 @@ def _settled(centers: np.ndarray, moves: np.ndarray) -> bool:
     d2 = ((c[:, None, :] - c[None, :, :]) ** 2).sum(-1)
     np.fill_diagonal(d2, np.inf)
     return float(np.sqrt(moves.max())) < 0.25 * float(np.sqrt(d2.min()))
-
-
-def _exceeds_devices(G: GDataSet, fraction: float = 0.8) -> bool:
-    """Whether ``G`` takes more than ``fraction`` of the memory of the client's gdask devices."""
-    try:
-        from distributed import default_client
-
-        client = default_client()
-    except (ImportError, ValueError):  # no client: local threads, host memory
-        return False
-    specs = getattr(getattr(client, "cluster", None), "device_specs", None)
-    if specs:  # a LocalGPUCluster in this process knows its devices: no round trip to the scheduler
-        total = sum(int(s.memory or 0) for s in specs)
-    else:
-        workers = client.scheduler_info(n_workers=-1)["workers"].values()
-        total = sum(int((w.get("metrics", {}).get("gdask_device") or {}).get("memory") or 0) for w in workers)
-    return total > 0 and G.nbytes > fraction * total
 
 
 def _farthest_rows(blk, centers, m, w=None):
@@ -681,16 +653,12 @@ def _next_centers(stats: dict, centers: np.ndarray, dtype: Any, far: tuple | Non
     return new.astype(dtype)
 
 
-def _collect_labels(G: GDataSet, groups: list, found: list) -> tuple[np.ndarray, float]:
-    """All rows' labels (int32) and the inertia from per-group lists of per-block (labels, inertia)."""
-    offs = tuple(G.block_offsets) + (G.shape[0],)
-    labels = np.empty(G.shape[0], np.int32)
-    inertia = [0.0] * G.nblocks
-    for g, res in zip(groups, found):
-        for b, (lab, part) in zip(g, res):
-            labels[offs[b]:offs[b + 1]] = lab
-            inertia[b] = part
-    return labels, math.fsum(inertia)
+def _collect_finals(finals: list, G: GDataSet, labels: bool) -> tuple[np.ndarray | None, float]:
+    """All rows' labels (or None when they stay lazy) and the inertia from per-block (labels, inertia)."""
+    inertia = math.fsum(p[1] for p in finals)
+    if not labels:
+        return None, inertia
+    return np.concatenate([p[0] for p in finals]).astype(np.int32, copy=False), inertia
 
 
 def _narrow(labels: np.ndarray, k: int) -> np.ndarray:
@@ -698,14 +666,18 @@ def _narrow(labels: np.ndarray, k: int) -> np.ndarray:
     return labels.astype(np.min_scalar_type(max(k - 1, 0)), copy=False)
 
 
-def _labels_host(blk, centers, w=None):
-    labels, mind = _kernels.assign(blk, centers)
-    return [(_narrow(to_numpy(labels), centers.shape[0]), _bounds._weighted_total(mind, w))]
+def _labels_host(blk, centers, w=None, labels=True):
+    lab, mind = _kernels.assign(blk, centers)
+    return (_narrow(to_numpy(lab), centers.shape[0]) if labels else None), _bounds.weighted_total(mind, w)
 
 
-def _bounds_labels_host(blk, centers, token, w=None):
-    labels, inertia = _bounds.bounds_labels(blk, centers, token, w)
-    return [(_narrow(to_numpy(labels), centers.shape[0]), inertia)]
+def _bounds_labels_host(blk, centers, token, w=None, history=None, labels=True):
+    lab, inertia = _bounds.bounds_labels(blk, centers, token, w, history=history)
+    return (_narrow(to_numpy(lab), centers.shape[0]) if labels else None), inertia
+
+
+def _labels_block(blk, centers):
+    return _kernels.assign(blk, centers)[0]
 
 
 def _assign_host(blk, centers):
@@ -717,11 +689,15 @@ def _join_lists(parts):
     return [p for part in parts for p in part]
 
 
-def _distances_host(blk, centers):
+def _distances_block(blk, centers):
     xp = array_module(blk)
     c = xp.asarray(centers)
     d2 = (blk * blk).sum(1)[:, None] - 2 * (blk @ c.T) + (c * c).sum(1)[None, :]
-    return to_numpy(xp.sqrt(xp.maximum(d2, 0)))
+    return xp.sqrt(xp.maximum(d2, 0))
+
+
+def _distances_host(blk, centers):
+    return to_numpy(_distances_block(blk, centers))
 
 
 def _xp_from_host(x):

@@ -11,11 +11,10 @@ import dask
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 
-from gdask.gdataset import GDataSet, from_array
+from gdask.devices import array_module, to_numpy
+from gdask.gdataset import (GDataSet, IterativeAlgorithm, LoopContext, Progress, from_array, from_dataframe,
+                            run_loop, sum_parts)
 from gdask.gdataset import from_dask_array as gdask_from_dask_array
-from gdask.gdataset import from_dataframe
-from gdask.gdataset._blocks import sum_parts, to_numpy
-from gdask.gdataset._repr import persisted_futures
 from gdask.ml import _logistic_kernels as _k
 from gdask.ml._input import check_finite as _check_finite
 from gdask.ml._input import is_host_input as _is_host_input
@@ -63,27 +62,17 @@ def _aligned(v: Any, G: GDataSet, what: str) -> GDataSet:
     return out
 
 
-class _Objective:
-    """The objective of scikit-learn's lbfgs solver over GDataSet blocks, one Dask round trip per call.
+class _NotFinite(ArithmeticError):
+    """The loss or its gradient overflowed."""
 
-    ``f(w) = sum_i s_i loss_i / S + ||W||^2 / (2 C S)`` with ``s_i`` the row weights and ``S`` their
-    sum (intercepts are not penalised). The parameter vector is laid out as scikit-learn's: binary
-    ``[coef..., intercept]``; multinomial ``(K, d + 1)`` raveled in Fortran order.
-    """
 
-    def __init__(self, G: GDataSet, Y: GDataSet, W: GDataSet | None, class_w: np.ndarray | None, n_coef: int,
-                 fit_intercept: bool, sw_sum: float, C: float, groups: list | None) -> None:
-        self.G, self.Y, self.W, self.class_w = G, Y, W, class_w
-        self.K = n_coef
-        self.d = G.shape[1]
-        self.fit_intercept = fit_intercept
-        self.sw_sum = float(sw_sum)
-        self.l2 = 0.0 if np.isinf(C) else 1.0 / (C * self.sw_sum)
-        self.groups = groups
-        self.n_passes = 0
-        self.pass_times: list[float] = []
+class _Layout:
+    """The parameter vector as scikit-learn lays it out: binary ``[coef..., intercept]``;
+    multinomial ``(K, d + 1)`` raveled in Fortran order."""
 
-    # -- parameter layout ------------------------------------------------------------------------
+    def __init__(self, K: int, d: int, fit_intercept: bool) -> None:
+        self.K, self.d, self.fit_intercept = K, d, fit_intercept
+
     @property
     def n_dof(self) -> int:
         return self.d + int(self.fit_intercept)
@@ -98,31 +87,133 @@ class _Objective:
         w = np.concatenate([coef, intercept[:, None]], axis=1) if self.fit_intercept else coef
         return w.ravel(order="F") if self.K > 1 else w[0].copy()
 
-    # -- the per-iteration tasks: loop state enters the graph here and only here ------------------
-    def tasks(self, coef: np.ndarray, intercept: np.ndarray) -> list:
-        """Delayed ``loss_grad`` partials, one per group of blocks, for the current coefficients."""
-        return self.G.reduce_groups(_k.loss_grad, _k.loss_grad_combine, self.Y, coef, intercept, self.W,
-                                    self.class_w, groups=self.groups, name="logreg-loss-grad")
 
-    def partials(self, coef: np.ndarray, intercept: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-        t0 = time.perf_counter()
-        parts = dask.compute(*self.tasks(np.ascontiguousarray(coef, dtype=np.float64),
-                                         np.asarray(intercept, dtype=np.float64)))
-        out = _k.loss_grad_combine(list(parts))
-        self.n_passes += 1
-        self.pass_times.append(time.perf_counter() - t0)
-        return out
+class _LogisticLoop(IterativeAlgorithm):
+    """scikit-learn's objective ``f(w) = sum_i s_i loss_i / S + ||W||^2 / (2 C S)`` minimised on the
+    iteration engine (``s_i`` the row weights, ``S`` their sum; intercepts not penalised): every
+    evaluation of the loss and its gradient is one pass over the blocks, combined in block order.
+    On the workers every worker runs the same solver on the all-gathered objective (L-BFGS is
+    deterministic: all take the same steps). The state is ``{"x": parameters}``; a resumed fit
+    restarts the solver from the last finished iteration's parameters."""
 
-    def __call__(self, x: np.ndarray) -> tuple[float, np.ndarray]:
-        coef, intercept = self.unpack(x)
-        loss, gc, gi = self.partials(coef, intercept)
+    name = "logistic-regression"
+
+    def __init__(self, layout: _Layout, weighted: bool, class_w: np.ndarray | None, sw_sum: float, C: float,
+                 solver: str, max_iter: int, tol: float, gram_max_features: int) -> None:
+        self.layout = layout
+        self.weighted = weighted
+        self.class_w = class_w
+        self.sw_sum = float(sw_sum)
+        self.l2 = 0.0 if np.isinf(C) else 1.0 / (C * self.sw_sum)
+        self.solver = solver
+        self.max_iter = int(max_iter)
+        self.tol = float(tol)
+        self.gram_max_features = gram_max_features
+
+    def _w(self, ctx: LoopContext) -> Any:
+        return ctx.data["W"] if self.weighted else None
+
+    def objective(self, ctx: LoopContext, x: np.ndarray) -> tuple[float, np.ndarray]:
+        L = self.layout
+        coef, intercept = L.unpack(x)
+        parts = ctx.map(_k.loss_grad, ctx.data["X"], ctx.data["Y"], np.ascontiguousarray(coef, dtype=np.float64),
+                        np.asarray(intercept, dtype=np.float64), self._w(ctx), self.class_w,
+                        name="logreg-loss-grad")
+        loss, gc, gi = _k.loss_grad_combine(parts)
         f = loss / self.sw_sum + 0.5 * self.l2 * float((coef * coef).sum())
         gc = gc / self.sw_sum + self.l2 * coef
         if not np.isfinite(f) or not np.isfinite(gc).all():
-            _check_finite(self.G)
-            raise ValueError("the logistic loss overflowed; scale the features down (e.g. StandardScaler)")
-        gi = gi / self.sw_sum if self.fit_intercept else np.zeros(self.K)
-        return f, self.pack(gc, gi)
+            raise _NotFinite("the logistic loss overflowed")
+        gi = gi / self.sw_sum if L.fit_intercept else np.zeros(L.K)
+        return f, L.pack(gc, gi)
+
+    def run(self, state: dict, ctx: LoopContext) -> dict:
+        if self.solver == "lbfgs":
+            return self._lbfgs(state, ctx)
+        return self._gd(state, ctx)
+
+    def _lbfgs(self, state: dict, ctx: LoopContext) -> dict:
+        from scipy.optimize import minimize
+
+        last: dict[str, Any] = {}
+
+        def fun(x):
+            f, g = self.objective(ctx, x)
+            last["f"], last["g"] = f, g
+            return f, g
+
+        def callback(xk):
+            f, g = last["f"], last["g"]
+            ctx.checkpoint({**state, "x": np.array(xk, copy=True)}, loss=f, grad_max=float(np.abs(g).max()),
+                           line=f"iteration {ctx.iteration + 1}: loss {f:.10g}, max |gradient| "
+                                f"{np.abs(g).max():.3g}")
+
+        left = self.max_iter - ctx.iteration
+        if left <= 0:
+            return {**state, "status": 1, "message": "max_iter reached"}
+        res = minimize(fun, state["x"], method="L-BFGS-B", jac=True, callback=callback,
+                       options={"maxiter": left, "maxls": 50, "gtol": self.tol, "ftol": 64 * np.finfo(float).eps})
+        return {**state, "x": res.x, "status": int(res.status), "message": str(res.message)}
+
+    def _preconditioner(self, ctx: LoopContext):
+        """``g -> B^-1 g`` for the Hessian bound ``B`` (one pass over the data)."""
+        L = self.layout
+        curv = 0.25 if L.K == 1 else 0.5  # largest Hessian eigenvalue of the binomial / softmax loss
+        pen = np.ones(L.n_dof)
+        if L.fit_intercept:
+            pen[-1] = 0.0  # the intercept is not penalised
+        small = L.d < self.gram_max_features
+        chunk = _k.gram if small else _k.sq_norms
+        H = sum_parts(ctx.map(chunk, ctx.data["X"], self._w(ctx), self.class_w, ctx.data["Y"],
+                              name="logreg-gram")) / self.sw_sum
+        if not np.all(np.isfinite(H)):
+            raise _NotFinite("X is too large in magnitude for gradient descent")
+        if not small:  # H = trace of the Gram matrix: a bound on its largest eigenvalue
+            step = 1.0 / max(curv * float(H) + self.l2, 1e-300)
+            return lambda g: step * g
+        if not L.fit_intercept:
+            H = H[:-1, :-1]
+        lam, V = np.linalg.eigh(curv * H + self.l2 * np.diag(pen))
+        lam = np.maximum(lam, max(lam[-1], 1e-300) * 1e-10)  # singular Gram (constant/duplicate columns)
+        Vs = V / lam
+
+        def apply(g: np.ndarray) -> np.ndarray:
+            Gm = g.reshape(L.K, L.n_dof, order="F") if L.K > 1 else g[None, :]
+            out = (Gm @ Vs) @ V.T
+            return out.ravel(order="F") if L.K > 1 else out[0]
+
+        return apply
+
+    def _gd(self, state: dict, ctx: LoopContext) -> dict:
+        """Full-batch gradient descent, preconditioned by a fixed bound on the Hessian, with Nesterov
+        momentum and gradient-based adaptive restart (O'Donoghue & Candès 2015).
+
+        The Hessian of the mean log-loss is at most ``c [X, 1]^T diag(s) [X, 1] / S`` (``c`` = 1/4
+        binomial, 1/2 multinomial; Böhning 1992), so the step ``x - B^-1 g`` with ``B`` that bound
+        plus the penalty never increases the loss, whatever the scaling of the features. One pass
+        at the start computes the weighted Gram matrix (above ``gram_max_features`` features only
+        its trace, and the step becomes the plain ``g / L``); then each iteration is one pass.
+        """
+        precond = self._preconditioner(ctx)
+        x = state["x"].copy()
+        z = state.get("z", x).copy()
+        t = float(state.get("t", 1.0))
+        while ctx.iteration < self.max_iter:
+            f, g = self.objective(ctx, z)
+            if np.abs(g).max() <= self.tol:
+                return {**state, "x": z, "status": 0, "message": "converged"}
+            x_new = z - precond(g)
+            if g @ (x_new - x) > 0:  # momentum points uphill: restart
+                t = 1.0
+                z = x_new
+            else:
+                t_new = 0.5 * (1 + np.sqrt(1 + 4 * t * t))
+                z = x_new + ((t - 1) / t_new) * (x_new - x)
+                t = t_new
+            x = x_new
+            ctx.checkpoint({**state, "x": x, "z": z, "t": t}, loss=f, grad_max=float(np.abs(g).max()),
+                           line=f"iteration {ctx.iteration + 1}: loss {f:.10g}, max |gradient| {np.abs(g).max():.3g}")
+        return {**state, "x": x, "status": 1, "message": "max_iter reached"}
 
 
 class LogisticRegression(ClassifierMixin, BaseEstimator):
@@ -140,8 +231,21 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
 
     Parameters
     ----------
+    penalty : {"l2", None}, default "l2"
+        The L2 penalty (scikit-learn's default), or None for no penalty (``C`` is then ignored).
+        "l1" and "elasticnet" are not supported (ValueError).
     C : float, default 1.0
         Inverse of the regularisation strength (``np.inf``: no penalty).
+    l1_ratio : float, default 0.0
+        scikit-learn's mix of L1 in the penalty; only 0.0 (or None), a pure L2 penalty, is supported.
+    dual : bool, default False
+        Only the primal problem is solved; ``dual=True`` raises ValueError.
+    intercept_scaling : float, default 1
+        Accepted for compatibility: as in scikit-learn, it matters for the liblinear solver only.
+    random_state : int, RandomState or None
+        Accepted for compatibility: the lbfgs and gd solvers are deterministic (as scikit-learn's lbfgs).
+    n_jobs : int or None
+        Accepted for compatibility: the work is spread over the cluster's devices, not joblib jobs.
     fit_intercept : bool, default True
     max_iter : int, default 100
         lbfgs: L-BFGS iterations; gd: gradient steps (passes over the data).
@@ -149,8 +253,9 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
         Stop when the largest absolute entry of the gradient is at most ``tol`` (lbfgs: scipy's
         ``gtol`` of the projected gradient, as scikit-learn).
     solver : {"lbfgs", "gd"}, default "lbfgs"
-        "lbfgs": scipy's L-BFGS-B on the client with scikit-learn's options (results match
-        scikit-learn's lbfgs). "gd": full-batch gradient descent preconditioned by a fixed bound
+        "lbfgs": scipy's L-BFGS-B with scikit-learn's options (results match scikit-learn's lbfgs);
+        with a Client and persisted data it runs on every worker at once over the all-gathered
+        objective (no client round trip per evaluation), else from the client. "gd": full-batch gradient descent preconditioned by a fixed bound
         on the Hessian (Böhning's bound ``[X, 1]^T [X, 1] / 4``, from one extra pass at the
         start), with Nesterov momentum and adaptive restart; exactly one pass per iteration.
     class_weight : dict, "balanced" or None, default None
@@ -158,7 +263,11 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
     warm_start : bool, default False
         Start from the previous fit's coefficients.
     verbose : int, default 0
-        Print one line per pass over the data (loss, gradient norm, time).
+        Print one line per iteration (loss, gradient norm), in the calling thread, also when the loop
+        runs on the workers.
+    callback : callable, optional
+        ``callback(record)`` after every iteration: a dict with ``iteration``, ``seconds``, ``mode``,
+        ``loss`` and ``grad_max``.
     gpu : float, optional
         Fit inside ``gdask.job(client, gpu=gpu, memory=memory, name=job_name)``: a share of a
         device of the current Client's cluster (see :func:`gdask.job`). Default None: no share
@@ -177,7 +286,11 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
     n_features_in_ : int
     feature_names_in_ : ndarray of str, when X has feature names
     pass_times_ : list of float
-        Seconds per pass over the data (one loss-and-gradient evaluation, or the Gram pass of gd).
+        Seconds per iteration.
+    history_ : list of dict
+        The per-iteration records (as given to ``callback``).
+    fit_mode_ : str
+        Where the loop ran: "workers", "client" or "stream".
 
     Examples
     --------
@@ -186,9 +299,18 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
     >>> clf.predict_proba(X[:10])     # doctest: +SKIP
     """
 
-    def __init__(self, C: float = 1.0, *, fit_intercept: bool = True, max_iter: int = 100, tol: float = 1e-4,
-                 solver: str = "lbfgs", class_weight: Any = None, warm_start: bool = False,
-                 verbose: int = 0, gpu: float | None = None, memory: Any = None, job_name: str | None = None) -> None:
+    def __init__(self, penalty: str | None = "l2", *, C: float = 1.0, l1_ratio: float | None = 0.0,
+                 dual: bool = False, tol: float = 1e-4, fit_intercept: bool = True, intercept_scaling: float = 1,
+                 class_weight: Any = None, random_state: Any = None, solver: str = "lbfgs", max_iter: int = 100,
+                 verbose: int = 0, warm_start: bool = False, n_jobs: int | None = None, callback: Any = None,
+                 gpu: float | None = None, memory: Any = None, job_name: str | None = None) -> None:
+        self.penalty = penalty
+        self.l1_ratio = l1_ratio
+        self.dual = dual
+        self.intercept_scaling = intercept_scaling
+        self.random_state = random_state
+        self.n_jobs = n_jobs
+        self.callback = callback
         self.C = C
         self.fit_intercept = fit_intercept
         self.max_iter = max_iter
@@ -215,7 +337,22 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
         if isinstance(self.tol, bool) or not isinstance(self.tol, numbers.Real) or not self.tol >= 0:
             raise ValueError(f"tol must be a non-negative float, got {self.tol!r}")
         if self.solver not in _SOLVERS:
-            raise ValueError(f"solver must be one of {_SOLVERS}, got {self.solver!r}")
+            raise ValueError(f"solver {self.solver!r} is not supported by gdask's LogisticRegression; supported "
+                             f"solvers: {_SOLVERS}")
+        if self.penalty not in ("l2", None, "deprecated"):
+            raise ValueError(f"penalty {self.penalty!r} is not supported; supported: 'l2' and None (no penalty)")
+        if self.l1_ratio not in (None, 0, 0.0):
+            raise ValueError(f"l1_ratio={self.l1_ratio!r} is not supported: only a pure L2 penalty (l1_ratio=0.0 "
+                             "or None) is")
+        if self.dual:
+            raise ValueError("dual=True is not supported: gdask solves the primal problem (dual=False)")
+        if (isinstance(self.intercept_scaling, bool) or not isinstance(self.intercept_scaling, numbers.Real)
+                or not self.intercept_scaling > 0):
+            raise ValueError(f"intercept_scaling must be a positive float, got {self.intercept_scaling!r}")
+        if self.n_jobs is not None and (isinstance(self.n_jobs, bool) or not isinstance(self.n_jobs, numbers.Integral)):
+            raise ValueError(f"n_jobs must be an integer or None, got {self.n_jobs!r}")
+        if self.callback is not None and not callable(self.callback):
+            raise ValueError(f"callback must be callable or None, got {type(self.callback).__name__}")
         cw = self.class_weight
         if not (cw is None or cw == "balanced" or isinstance(cw, dict)):
             raise ValueError(f"class_weight must be None, 'balanced' or a dict, got {cw!r}")
@@ -246,6 +383,8 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
             raise ValueError(f"Expected a 2-D X (n_samples, n_features), got shape {G.shape}")
         if G.dtype.kind != "f":
             G = G.astype(np.float64)
+        elif G.dtype.itemsize < 4:  # float16: the kernels compute in float32 or float64
+            G = G.astype(np.float32)
         self._set_features(G, reset)
         return G, kind
 
@@ -367,18 +506,20 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
             sw_sum = float(Y.reduce_blocks(_weight_sum, sum_parts, W, class_w, name="logreg-wsum").compute())
         if not sw_sum > 0:
             raise ValueError(f"the sample weights must have a positive sum, got {sw_sum}")
-        if persisted_futures(G) is None:  # persisting again would cost a round trip
-            G = G.persist()
-        Y = Y.persist()
-        W = None if W is None else W.persist()
-        groups = G.block_groups()
-        obj = _Objective(G, Y, W, class_w, K, self.fit_intercept, sw_sum, self.C, groups)
-        x0 = self._initial(obj, d, K)
-        if self.solver == "lbfgs":
-            x, n_iter = self._lbfgs(obj, x0)
-        else:
-            x, n_iter = self._gd(obj, x0)
-        coef, intercept = obj.unpack(x)
+        layout = _Layout(K, d, self.fit_intercept)
+        C = np.inf if self.penalty is None else self.C
+        algo = _LogisticLoop(layout, W is not None, class_w, sw_sum, C, self.solver, self.max_iter, self.tol,
+                             _GRAM_MAX_FEATURES)
+        progress = Progress(self.verbose, self.callback, total=self.max_iter, desc="LogisticRegression")
+        try:
+            res = run_loop(algo, {"X": G, "Y": Y, "W": W}, {"x": self._initial(layout)}, progress=progress)
+        except _NotFinite as e:
+            _check_finite(G)
+            raise ValueError(f"{e}; scale the features down (e.g. StandardScaler)") from None
+        if res.state.get("status", 0) != 0:
+            _convergence_warning(f"{self.solver} failed to converge after {res.iterations} iteration(s) "
+                                 f"(status={res.state.get('status')}): {res.state.get('message')}")
+        coef, intercept = layout.unpack(res.state["x"])
         dtype = G.dtype
         self.coef_ = coef.astype(dtype)
         self.intercept_ = intercept.astype(dtype)
@@ -386,108 +527,21 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
             import cupy
 
             self.coef_, self.intercept_ = cupy.asarray(self.coef_), cupy.asarray(self.intercept_)
-        self.n_iter_ = np.array([n_iter], dtype=np.int32)
-        self.pass_times_ = obj.pass_times
+        self.n_iter_ = np.array([min(res.iterations, self.max_iter)], dtype=np.int32)
+        self.history_ = res.history
+        self.fit_mode_ = res.mode
+        self.pass_times_ = [r["seconds"] for r in res.history]
         return self
 
-    def _initial(self, obj: _Objective, d: int, K: int) -> np.ndarray:
+    def _initial(self, layout: _Layout) -> np.ndarray:
+        K, d = layout.K, layout.d
         coef, intercept = np.zeros((K, d)), np.zeros(K)
         if self.warm_start and hasattr(self, "coef_"):
             c, b = to_numpy(self.coef_), to_numpy(self.intercept_)
             if c.shape != (K, d):
                 raise ValueError(f"warm start: the previous coef_ has shape {c.shape}, expected {(K, d)}")
             coef, intercept = c.astype(np.float64), b.astype(np.float64)
-        return obj.pack(coef, intercept if self.fit_intercept else np.zeros(K))
-
-    def _report(self, obj: _Objective, f: float, g: np.ndarray) -> None:
-        if self.verbose:
-            print(f"pass {obj.n_passes}: {obj.pass_times[-1] * 1e3:.1f} ms, loss {f:.10g}, "
-                  f"max |gradient| {np.abs(g).max():.3g}")
-
-    def _lbfgs(self, obj: _Objective, x0: np.ndarray) -> tuple[np.ndarray, int]:
-        from scipy.optimize import minimize
-
-        def fun(x):
-            f, g = obj(x)
-            self._report(obj, f, g)
-            return f, g
-
-        res = minimize(fun, x0, method="L-BFGS-B", jac=True,
-                       options={"maxiter": self.max_iter, "maxls": 50, "gtol": self.tol,
-                                "ftol": 64 * np.finfo(float).eps})
-        if res.status != 0:
-            _convergence_warning(f"lbfgs failed to converge after {res.nit} iteration(s) "
-                                 f"(status={res.status}): {res.message}")
-        return res.x, min(int(res.nit), self.max_iter)
-
-    def _gd(self, obj: _Objective, x0: np.ndarray) -> tuple[np.ndarray, int]:
-        """Full-batch gradient descent, preconditioned by a fixed bound on the Hessian, with Nesterov
-        momentum and gradient-based adaptive restart (O'Donoghue & Candès 2015).
-
-        The Hessian of the mean log-loss is at most ``c [X, 1]^T diag(s) [X, 1] / S`` (``c`` = 1/4
-        binomial, 1/2 multinomial; Böhning 1992), so the step ``x - B^-1 g`` with ``B`` that bound
-        plus the penalty never increases the loss, whatever the scaling of the features. One pass
-        at the start computes the weighted Gram matrix (above ``_GRAM_MAX_FEATURES`` features only
-        its trace, and the step becomes the plain ``g / L``); then each iteration is one pass.
-        """
-        precond = self._preconditioner(obj)
-        x = x0.copy()
-        z = x0.copy()
-        t = 1.0
-        it = 0
-        converged = False
-        for it in range(1, self.max_iter + 1):
-            f, g = obj(z)
-            self._report(obj, f, g)
-            if np.abs(g).max() <= self.tol:
-                x, converged, it = z, True, it - 1
-                break
-            x_new = z - precond(g)
-            if g @ (x_new - x) > 0:  # momentum points uphill: restart
-                t = 1.0
-                z = x_new
-            else:
-                t_new = 0.5 * (1 + np.sqrt(1 + 4 * t * t))
-                z = x_new + ((t - 1) / t_new) * (x_new - x)
-                t = t_new
-            x = x_new
-        if not converged and self.max_iter > 0:
-            _convergence_warning(f"gd failed to converge after {self.max_iter} iteration(s); increase "
-                                 "max_iter or scale the data")
-        return x, it
-
-    def _preconditioner(self, obj: _Objective):
-        """``g -> B^-1 g`` for the Hessian bound ``B`` (one pass over the data)."""
-        t0 = time.perf_counter()
-        curv = 0.25 if obj.K == 1 else 0.5  # largest Hessian eigenvalue of the binomial / softmax loss
-        pen = np.ones(obj.n_dof)
-        if obj.fit_intercept:
-            pen[-1] = 0.0  # the intercept is not penalised
-        small = obj.d < _GRAM_MAX_FEATURES
-        chunk = _k.gram if small else _k.sq_norms
-        parts = dask.compute(*obj.G.reduce_groups(chunk, sum_parts, obj.W, obj.class_w, obj.Y,
-                                                  groups=obj.groups, name="logreg-gram"))
-        H = sum_parts(list(parts)) / obj.sw_sum
-        obj.pass_times.append(time.perf_counter() - t0)
-        obj.n_passes += 1
-        if not np.all(np.isfinite(H)):
-            _check_finite(obj.G)
-            raise ValueError("X is too large in magnitude for gradient descent; scale the features down")
-        if not small:  # H = trace of the Gram matrix: a bound on its largest eigenvalue
-            step = 1.0 / max(curv * float(H) + obj.l2, 1e-300)
-            return lambda g: step * g
-        if not obj.fit_intercept:
-            H = H[:-1, :-1]
-        lam, V = np.linalg.eigh(curv * H + obj.l2 * np.diag(pen))
-        lam = np.maximum(lam, max(lam[-1], 1e-300) * 1e-10)  # singular Gram (constant/duplicate columns)
-        Vs = V / lam
-
-        def apply(g: np.ndarray) -> np.ndarray:
-            Gm = g.reshape(obj.K, obj.n_dof, order="F") if obj.K > 1 else g[None, :]
-            out = (Gm @ Vs) @ V.T
-            return out.ravel(order="F") if obj.K > 1 else out[0]
-
-        return apply
+        return layout.pack(coef, intercept if self.fit_intercept else np.zeros(K))
 
     # -- predict ---------------------------------------------------------------------------------
     def _check_fitted(self) -> None:
@@ -596,8 +650,6 @@ def _convergence_warning(msg: str) -> None:
 
 
 def _weighted_bincount(y, k, w=None):
-    from gdask.gdataset._blocks import array_module
-
     xp = array_module(y)
     return to_numpy(xp.bincount(y, weights=w, minlength=k)).astype(np.float64)
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from gdask.gdataset._blocks import array_module, to_numpy
+from gdask.devices import array_module, to_numpy
 
 __all__ = ["loss_grad", "loss_grad_combine", "decision", "label_counts", "label_counts_combine",
            "encode_labels", "gram", "sq_norms"]

@@ -317,7 +317,7 @@ def pagerank(A: Any, *, damping: float = 0.85, tol: float = 1e-6, max_iter: int 
 
 def _pagerank(A: Any, *, damping: float, tol: float, max_iter: int, nblocks: int | None, method: str,
               inner_sweeps: int, client: Any, return_info: bool):
-    from gdask.gdataset._iterate import iterate
+    from gdask.gdataset import iterate
 
     if not 0 < damping < 1:
         raise ValueError(f"damping must be in (0, 1), got {damping}")

@@ -6,8 +6,18 @@ import numpy as np
 import pytest
 
 import gdask
-from gdask._errors import DeviceMemoryError
+from gdask import DeviceMemoryError
+from gdask.devices import StateSpaces, context
 from gdask.ml import KMeans, _bounds, _kernels
+
+
+def _fit_states(dask_worker=None) -> list:
+    """Tokens of the fit states kept by this process (or worker): none once fits have ended."""
+    return [t for t in context(dask_worker).state.tokens() if t != _kernels._NORMS_SPACE]
+
+
+def _drop(token):
+    return context().state.drop(token)
 
 
 def _overlapping(n=6000, d=12, k=5, noise=3.0, seed=0):
@@ -36,7 +46,7 @@ def test_elkan_equals_lloyd(weighted, monkeypatch):
     np.testing.assert_allclose(a.cluster_centers_, b.cluster_centers_, rtol=1e-5, atol=1e-5)
     assert (a.labels_ != b.labels_).sum() <= 2  # float32 near-ties may go either way
     assert a.inertia_ == pytest.approx(b.inertia_, rel=1e-6)
-    assert not _bounds._STATES  # the final pass freed every block's bounds
+    assert not _fit_states()  # the engine dropped the fit's state
 
 
 def test_elkan_with_client_and_relocation(client):
@@ -45,10 +55,11 @@ def test_elkan_with_client_and_relocation(client):
     a = _fit(X, init, "elkan")
     b = _fit(X, init, "lloyd")
     np.testing.assert_allclose(a.cluster_centers_, b.cluster_centers_, rtol=1e-5, atol=1e-5)
-    assert (a.labels_ == b.labels_).mean() > 0.999
-    assert len(np.unique(a.labels_)) == 4
+    la, lb = a.labels_.compute(), b.labels_.compute()  # GDataSet input: labels_ is a lazy GDataSet
+    assert (la == lb).mean() > 0.999
+    assert len(np.unique(la)) == 4
     deadline = time.monotonic() + 10
-    while sum(client.run(lambda: sum(len(v) for v in _bounds._STATES.values())).values()):
+    while any(client.run(_fit_states).values()):
         assert time.monotonic() < deadline, "block bounds left on the workers after fit"
         time.sleep(0.05)
 
@@ -86,19 +97,28 @@ def test_numba_step_matches_array_step_and_exact_distances():
                                atol=1e-6)
 
 
-def test_lost_state_is_recomputed_with_same_result():
+def test_lost_state_is_rebuilt_from_the_history_to_the_same_bits():
     X, init = _overlapping()
     blk = np.asfortranarray(X)
     c0 = init.astype(np.float64)
-    p0 = _bounds.bounds_partial(blk, c0, "t")
+    p0 = _bounds.bounds_partial(blk, c0, "t", history=[])
     c1 = p0["sums"] / p0["counts"][:, None]
-    assert _bounds.drop("t") == 1  # e.g. the block moved to another worker
-    p1 = _bounds.bounds_partial(blk, c1, "t")
-    ref = _kernels.lloyd_partial(blk, c1)
-    np.testing.assert_allclose(p1["sums"], ref["sums"], rtol=1e-9)
-    np.testing.assert_array_equal(p1["counts"], ref["counts"])
+    q1 = _bounds.bounds_partial(blk, c1, "t")  # undisturbed: a step on the kept state
+    c2 = q1["sums"] / q1["counts"][:, None]
+    q2 = _bounds.bounds_partial(blk, c2, "t")
+    assert _drop("t")  # e.g. the block moved to another worker, or its worker was lost
+    assert _bounds.bounds_partial(blk, c2, "t") == _bounds.MISSING  # no history at hand: asks for it
+    p2 = _bounds.bounds_partial(blk, c2, "t", history=[c0, c1])  # replayed: the same first pass and steps
+    for key in ("sums", "counts", "far_d", "far_label", "far_rows"):
+        np.testing.assert_array_equal(p2[key], q2[key])
+    assert p2["changed"] == q2["changed"]
+    ref = _kernels.lloyd_partial(blk, c2)
+    np.testing.assert_allclose(p2["sums"], ref["sums"], rtol=1e-9)
+    np.testing.assert_array_equal(p2["counts"], ref["counts"])
+    c1 = c2
     labels, inertia = _bounds.bounds_labels(blk, c1, "t")
-    assert "t" not in _bounds._STATES
+    assert not _bounds.worker_state("t", create=False)  # the block's state went with the final pass
+    _drop("t")
     l2, m2 = _kernels.assign(blk, c1)
     assert (labels != l2).sum() <= 1
     exact = ((blk.astype(np.float64) - c1[labels]) ** 2).sum()
@@ -109,14 +129,14 @@ def test_step_gives_up_for_a_full_pass_when_centers_jump():
     X, init = _overlapping()
     blk = np.asfortranarray(X)
     c0 = init.astype(np.float64)
-    _bounds.bounds_partial(blk, c0, "j")
+    _bounds.bounds_partial(blk, c0, "j", history=[])
     jumped = c0[::-1].copy()  # every row's cluster changes: the step stops early, a full pass rebuilds
     p = _bounds.bounds_partial(blk, jumped, "j")
     ref = _kernels.lloyd_partial(blk, jumped)
     np.testing.assert_allclose(p["sums"], ref["sums"], rtol=1e-9)
     np.testing.assert_array_equal(p["counts"], ref["counts"])
     assert _bounds._get("j", blk).far is not None  # the state came from a full pass
-    _bounds.drop("j")
+    _drop("j")
 
 
 @pytest.mark.parametrize("offset", [0.0, 300.0])  # 300: the per-cluster sums cancel, an exact pass instead
@@ -126,7 +146,7 @@ def test_final_labels_and_inertia_from_the_bounds(offset, weighted):
     blk = np.asfortranarray(X + np.float32(offset))
     c0 = init.astype(np.float64) + offset
     w = np.random.default_rng(3).uniform(0.1, 3, len(X)) if weighted else None
-    p0 = _bounds.bounds_partial(blk, c0, "f", w)
+    p0 = _bounds.bounds_partial(blk, c0, "f", w, history=[])
     c1 = p0["sums"] / p0["counts"][:, None]
     st = _bounds._get("f", blk)
     assert st.sxx == pytest.approx(float((blk.astype(np.float64) ** 2).sum(1) @ (np.ones(len(X)) if w is None else w)),
@@ -136,7 +156,8 @@ def test_final_labels_and_inertia_from_the_bounds(offset, weighted):
     st = _bounds._get("f", blk)
     assert (_bounds._inertia_from_sums(st) is None) == bool(offset)  # offset: more than 3 digits cancel
     labels, inertia = _bounds.bounds_labels(blk, c2, "f", w)
-    assert not _bounds._STATES
+    assert not _bounds.worker_state("f", create=False)
+    _drop("f")
     d2 = ((blk[:, None, :].astype(np.float64) - c2[None]) ** 2).sum(-1)
     best = d2[np.arange(len(blk)), labels]
     assert (labels == d2.argmin(1)).mean() > 0.999  # float32 near-ties aside
@@ -153,17 +174,16 @@ def test_no_device_memory_for_bounds_falls_back_to_lloyd(monkeypatch):
     a = _fit(X, init, "elkan")
     b = _fit(X, init, "lloyd")
     np.testing.assert_allclose(a.cluster_centers_, b.cluster_centers_, rtol=1e-6)
-    assert not _bounds._STATES
+    assert not _fit_states()
 
 
 def test_old_fits_are_forgotten():
-    X, init = _overlapping(n=500)
-    blk = np.asfortranarray(X)
-    for i in range(_bounds.MAX_FITS + 3):  # interrupted fits never free their bounds themselves
-        _bounds.bounds_partial(blk, init, f"fit-{i}")
-    assert len(_bounds._STATES) == _bounds.MAX_FITS
-    for token in list(_bounds._STATES):
-        _bounds.drop(token)
+    spaces = StateSpaces(max_spaces=4)
+    for i in range(7):  # interrupted fits never drop their state themselves
+        spaces.get(f"fit-{i}")[0] = i
+    assert spaces.tokens() == ["fit-3", "fit-4", "fit-5", "fit-6"]
+    assert spaces.drop("fit-3") and not spaces.drop("fit-3")
+    assert spaces.get("fit-0", create=False) is None
 
 
 def test_bad_algorithm():
@@ -183,4 +203,4 @@ def test_row_norms_are_kept_while_the_block_lives():
     key = id(blk)
     del blk
     gc.collect()
-    assert key not in _kernels._NORMS  # freed with the block
+    assert key not in _bounds.worker_state(_kernels._NORMS_SPACE)  # freed with the block

@@ -1,4 +1,5 @@
-"""KMeans's loop on the workers (gdask.ml.worker-loop) against the loop from the client."""
+"""KMeans on the iteration engine: the loop on the workers against the loop from the client, the same
+bits wherever the blocks are, and resuming from the last finished iteration after a failure."""
 
 import logging
 
@@ -7,8 +8,9 @@ import numpy as np
 import pytest
 
 import gdask
+from gdask.gdataset import _engine
 from gdask.gdataset._collective import CollectiveError
-from gdask.ml import KMeans, _kmeans
+from gdask.ml import KMeans, _kernels
 
 
 @pytest.fixture(scope="module")
@@ -28,20 +30,23 @@ def _both(X, init, *, sample_weight=None, **kw):
     return out
 
 
+def _labels(km):
+    lab = km.labels_
+    return lab.compute() if hasattr(lab, "compute") else lab
+
+
 def _assert_same(a, b):
     np.testing.assert_array_equal(a.cluster_centers_, b.cluster_centers_)
-    np.testing.assert_array_equal(a.labels_, b.labels_)
+    np.testing.assert_array_equal(_labels(a), _labels(b))
     assert a.inertia_ == b.inertia_
     assert a.n_iter_ == b.n_iter_ == len(a.iteration_times_)
 
 
 @pytest.mark.parametrize("kw", [dict(max_iter=12, tol=0), dict(max_iter=12, tol=0, algorithm="lloyd"),
                                 dict(max_iter=300, tol=1e-4)], ids=["elkan", "lloyd", "converges"])
-def test_same_fit_as_the_loop_from_the_client(client, data, kw, monkeypatch):
-    calls = []
-    monkeypatch.setattr(_kmeans, "run_on_workers", lambda *a, **k: calls.append(1) or run(*a, **k))
+def test_same_fit_as_the_loop_from_the_client(client, data, kw):
     a, b = _both(*data, **kw)
-    assert calls == [1]  # the first fit ran on the workers, the second did not
+    assert (a.fit_mode_, b.fit_mode_) == ("workers", "client")
     _assert_same(a, b)
     if kw["tol"]:
         assert a.n_iter_ < 300
@@ -53,7 +58,7 @@ def test_sample_weight_and_empty_clusters(client, data):
     far = np.vstack([init[:3], np.full((2, X.shape[1]), 1e4, np.float32)])  # two centers get no rows
     a, b = _both(X, far, sample_weight=w, max_iter=8, tol=0)
     _assert_same(a, b)
-    assert len(np.unique(a.labels_)) == 5
+    assert len(np.unique(_labels(a))) == 5
 
 
 def test_many_empty_clusters_take_an_extra_pass_on_the_workers(client):
@@ -67,44 +72,65 @@ def test_many_empty_clusters_take_an_extra_pass_on_the_workers(client):
 
 def test_verbose_prints_every_iteration_once_in_order(client, data, capsys):
     G = gdask.from_array(data[0], block_rows=5_000).persist()
-    KMeans(5, init=data[1], max_iter=6, tol=0, verbose=True).fit(G)
+    records = []
+    km = KMeans(5, init=data[1], max_iter=6, tol=0, verbose=True, callback=records.append).fit(G)
+    assert km.fit_mode_ == "workers"
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("iteration")]
     assert [ln.split(":")[0] for ln in lines] == [f"iteration {i}" for i in range(1, 7)]
+    assert [r["iteration"] for r in records] == list(range(1, 7))
+    assert all(r["mode"] == "workers" and r["seconds"] > 0 for r in records)
 
 
-def test_falls_back_to_the_loop_from_the_client(client, data, monkeypatch, caplog):
-    def broken(*a, **k):
-        raise CollectiveError("a worker left")
-
+def test_a_failing_loop_on_the_workers_resumes_from_the_client(client, data, caplog):
     G = gdask.from_array(data[0], block_rows=5_000).persist()
-    ref = KMeans(5, init=data[1], max_iter=10, tol=0).fit(G)
-    monkeypatch.setattr(_kmeans, "run_on_workers", broken)
-    with caplog.at_level(logging.WARNING, logger="gdask.ml"):
-        km = KMeans(5, init=data[1], max_iter=10, tol=0).fit(G)
-    assert "a worker left" in caplog.text and "from the client" in caplog.text
+    ref = KMeans(5, init=data[1], max_iter=10, tol=0, algorithm="lloyd").fit(G)
+    # the loop on the workers stops after 4 iterations (a rank raises): the fit resumes from the client there
+    def stop_after_four(comm, algorithm, *args):
+        class Stop(type(algorithm)):
+            def run(self, st, ctx):
+                real = ctx.checkpoint
+
+                def checkpoint(s, **rec):
+                    real(s, **rec)
+                    if ctx.iteration >= 4:
+                        raise RuntimeError("rank failed after iteration 4")
+                ctx.checkpoint = checkpoint
+                return super().run(st, ctx)
+        algorithm.__class__ = Stop
+        return _engine_driver(comm, algorithm, *args)
+
+    _engine_driver = _engine._driver_on_worker
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_engine, "_driver_on_worker", stop_after_four)
+        with caplog.at_level(logging.WARNING, logger="gdask.gdataset"):
+            km = KMeans(5, init=data[1], max_iter=10, tol=0, algorithm="lloyd").fit(G)
+    assert "did not run to its end" in caplog.text and "resuming from the client at iteration 4" in caplog.text
+    assert km.fit_mode_ == "client"
+    assert [r["mode"] for r in km.history_] == ["workers"] * 4 + ["client"] * 6
     _assert_same(km, ref)
 
 
-run = _kmeans.run_on_workers
-
-
 def _die_at_call(n):
-    """On this worker, exit the process at the ``n``-th group pass of a K-means loop on the workers."""
+    """On this worker, exit the process at the ``n``-th block pass of K-means (Lloyd or bounds)."""
     import os
 
-    orig = _kmeans._group_partial
+    from gdask.ml import _bounds
+
     calls = [0]
+    for mod, name in ((_kernels, "lloyd_partial"), (_bounds, "bounds_partial")):
+        orig = getattr(mod, name)
 
-    def dying(*a, **k):
-        calls[0] += 1
-        if calls[0] >= n:
-            os._exit(1)
-        return orig(*a, **k)
+        def dying(*a, _orig=orig, **k):
+            calls[0] += 1
+            if calls[0] >= n:
+                os._exit(1)
+            return _orig(*a, **k)
 
-    _kmeans._group_partial = dying
+        setattr(mod, name, dying)
 
 
-def test_a_worker_dying_mid_fit_gives_the_same_fit(caplog):
+@pytest.mark.parametrize("die_at", [5, 30], ids=["lloyd-phase", "bounds-phase"])
+def test_a_worker_dying_mid_fit_gives_the_same_bits(caplog, die_at):
     from distributed import Client
 
     X = np.random.default_rng(0).random((100_000, 8), dtype=np.float32)
@@ -112,17 +138,19 @@ def test_a_worker_dying_mid_fit_gives_the_same_fit(caplog):
                                dashboard_address=":0") as cluster, Client(cluster) as c:
         G = gdask.from_array(X, block_rows=12_500).persist()
         ref = KMeans(8, init=X[:8], max_iter=20, tol=0).fit(G)
+        assert ref.fit_mode_ == "workers"
         victim = sorted(c.scheduler_info(n_workers=-1)["workers"])[1]
-        c.run(_die_at_call, 5, workers=[victim])
-        with caplog.at_level(logging.WARNING, logger="gdask.ml"):
+        c.run(_die_at_call, die_at, workers=[victim])
+        with caplog.at_level(logging.WARNING, logger="gdask.gdataset"):
             km = KMeans(8, init=X[:8], max_iter=20, tol=0).fit(G)
         assert "did not run to its end" in caplog.text  # the worker died inside the loop
-        _assert_same(km, ref)  # its blocks were recomputed and the loop from the client took over
+        assert "resuming from the client at iteration 0" not in caplog.text  # not from the start
+        # its blocks were recomputed from lineage, lost bounds rebuilt from the fit's history: same bits
+        _assert_same(km, ref)
 
 
 def test_the_passes_on_the_workers_teach_the_placement_plugin(client, data):
     G = gdask.from_array(data[0], block_rows=5_000).persist()
-    groups = G.block_groups()
 
     def done():
         stats = client.sync(client.scheduler.gdask_placement_stats)["workers"]
@@ -130,16 +158,15 @@ def test_the_passes_on_the_workers_teach_the_placement_plugin(client, data):
 
     before = done()
     km = KMeans(5, init=data[1], max_iter=6, tol=0).fit(G)
-    # each group's pass of each iteration counts as the task it would have been from the client
-    assert done() - before == km.n_iter_ * len(groups)
+    assert km.fit_mode_ == "workers"
+    # each block's pass of each iteration counts as a task would from the client
+    assert done() - before == km.n_iter_ * G.nblocks
 
 
-def test_on_a_plain_dask_cluster(data, monkeypatch):
+def test_on_a_plain_dask_cluster(data):
     from distributed import Client, LocalCluster
 
-    calls = []
-    monkeypatch.setattr(_kmeans, "run_on_workers", lambda *a, **k: calls.append(1) or run(*a, **k))
     with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster, Client(cluster):
         a, b = _both(*data, max_iter=8, tol=0)
-    assert calls == [1]
+    assert (a.fit_mode_, b.fit_mode_) == ("workers", "client")
     _assert_same(a, b)

@@ -1,6 +1,6 @@
-"""Dask adapters: the placement SchedulerPlugin and the device-reporting WorkerPlugin.
+"""Scheduler side of gdask's scheduling: the placement plugin (``gdask-placement``).
 
-These are thin: they turn scheduler events into calls on the pure policies of
+It is thin: they turn scheduler events into calls on the pure policies of
 :mod:`gdask.scheduling._placement` and :mod:`gdask.scheduling._mapping`, and their decisions into
 ``TaskState.worker_restrictions`` and block moves.
 
@@ -17,22 +17,19 @@ import asyncio
 import logging
 import math
 import time
-import weakref
 from collections import defaultdict
 from typing import Any
 
-from distributed import SchedulerPlugin, WorkerPlugin
+from distributed import SchedulerPlugin
 
-from gdask import _config
+from gdask import config, protocol
 from gdask.scheduling._mapping import proportional_mapping, rebalance_plan
 from gdask.scheduling._placement import DurationModel, EarliestFinish
 
 logger = logging.getLogger("gdask.scheduling")
 
-__all__ = ["DeviceReporter", "GPUPlacement", "is_gpu_task"]
+__all__ = ["GPUPlacement", "is_gpu_task"]
 
-#: modules whose functions run on the device: tasks calling them are "GPU tasks"
-GPU_MODULES = frozenset({"gdask.gdataset._blocks"})
 #: states from which a task may still be (re-)placed
 _PLACEABLE = frozenset({"released", "waiting", "no-worker"})
 #: states in which a task no longer occupies its device's queue
@@ -40,18 +37,10 @@ _DONE = frozenset({"memory", "released", "forgotten", "erred"})
 
 
 def is_gpu_task(ts: Any) -> bool:
-    """Whether a scheduler TaskState runs device work.
-
-    True for tasks whose function lives in one of :data:`GPU_MODULES` (every GDataSet block task:
-    ``to_device``, ``block_op``, ``partial_op``, ``group_partial_op``, ``combine_op``), for tasks
-    annotated ``{"gdask_gpu": True}`` and for the tasks of a ``gdask.job`` (annotated ``gdask_job``).
-    Checked without importing ``gdask.gdataset``.
-    """
-    func = getattr(ts.run_spec, "func", None)
-    if getattr(func, "__module__", None) in GPU_MODULES:
-        return True
+    """Whether a scheduler TaskState runs device work: it carries the ``gdask_gpu`` annotation
+    (every GDataSet task does; user tasks may ask for it) or belongs to a ``gdask.job``."""
     ann = ts.annotations
-    return bool(ann) and bool(ann.get("gdask_gpu") or ann.get("gdask_job"))
+    return bool(ann) and bool(ann.get(protocol.ANN_GPU) or ann.get(protocol.ANN_JOB))
 
 
 def _block_index(key: Any) -> int | None:
@@ -117,7 +106,7 @@ class GPUPlacement(SchedulerPlugin):
         ``gdask.scheduling.latency``): small tasks stay with their data.
     """
 
-    name = "gdask-placement"
+    name = protocol.PLUGIN_PLACEMENT
     idempotent = True
 
     def __init__(self, *, use_configured_speeds: bool | None = None, rebalance: bool | None = None,
@@ -125,7 +114,7 @@ class GPUPlacement(SchedulerPlugin):
                  interval: float | None = None, alpha: float | None = None,
                  latency: float | None = None) -> None:
         def conf(value, key, default):
-            return value if value is not None else _config.get(f"scheduling.{key}", default)
+            return value if value is not None else config.get(f"scheduling.{key}", default)
 
         self.use_configured_speeds = bool(conf(use_configured_speeds, "use-configured-speeds", True))
         self.rebalance = bool(conf(rebalance, "rebalance", True))
@@ -158,9 +147,9 @@ class GPUPlacement(SchedulerPlugin):
         self.placer = EarliestFinish(self.model, bandwidth=float(scheduler.bandwidth), latency=self.latency)
         for ws in scheduler.workers.values():
             self._add(ws)
-        scheduler.handlers["gdask_device_table"] = self._handle_table
-        scheduler.handlers["gdask_placement_stats"] = self._handle_stats
-        scheduler.handlers["gdask_observe"] = self._handle_observe
+        scheduler.handlers[protocol.HANDLER_DEVICE_TABLE] = self._handle_table
+        scheduler.handlers[protocol.HANDLER_PLACEMENT_STATS] = self._handle_stats
+        scheduler.handlers[protocol.HANDLER_OBSERVE] = self._handle_observe
 
     def add_worker(self, scheduler: Any, worker: str) -> None:
         if self.placer is not None and worker in scheduler.workers:
@@ -173,7 +162,7 @@ class GPUPlacement(SchedulerPlugin):
     def _refresh(self, ws: Any) -> None:
         if ws.address in self.placer.devices:  # the stream executor's live K (nthreads is its maximum)
             self.placer.devices[ws.address].streams = _streams(ws)
-        dev = (ws.metrics or {}).get("gdask_device") or {}
+        dev = (ws.metrics or {}).get(protocol.METRIC_DEVICE) or {}
         speed = dev.get("speed")
         if self.use_configured_speeds and isinstance(speed, (int, float)) and speed > 0:
             self.model.set_prior(ws.address, float(speed))
@@ -222,7 +211,7 @@ class GPUPlacement(SchedulerPlugin):
             if ts is not None and (key in pinned or is_gpu_task(ts)):
                 found = True
                 if (ts.state == "memory" and _block_index(key) is not None and ts.who_wants and ts.dependents
-                        and not (ts.annotations or {}).get("gdask_job")):
+                        and not (ts.annotations or {}).get(protocol.ANN_JOB)):
                     # a cached block reused by a new graph: a candidate for rebalancing (a job's
                     # blocks stay on the devices granted to it)
                     self._families[key[0]].add(key)
@@ -278,7 +267,7 @@ class GPUPlacement(SchedulerPlugin):
 
     def _job_devices(self, ts: Any, running: list[str]) -> list[str]:
         """``running`` narrowed to the devices granted to the task's ``gdask.job``, if any."""
-        jobs = self.scheduler.plugins.get("gdask-jobs") if self.scheduler is not None else None
+        jobs = self.scheduler.plugins.get(protocol.PLUGIN_JOBS) if self.scheduler is not None else None
         devices = jobs.devices_for(ts) if jobs is not None else None
         if not devices:
             return running
@@ -308,7 +297,7 @@ class GPUPlacement(SchedulerPlugin):
         finish = self.placer.finish_time(addr, kind, nbytes, local, ready)
         # until durations are measured the choice is a guess: let work stealing correct it (not
         # for a job's tasks, which must stay on the job's devices)
-        strict = confident and (self.model.known(kind) or bool((ts.annotations or {}).get("gdask_job")))
+        strict = confident and (self.model.known(kind) or bool((ts.annotations or {}).get(protocol.ANN_JOB)))
         self._pin(ts, addr, kind, nbytes, strict=strict)
         return addr, finish
 
@@ -521,71 +510,7 @@ class GPUPlacement(SchedulerPlugin):
                 "pinned": len(self._pinned), "outstanding": self.placer.outstanding() if self.placer else 0}
 
 
-#: client -> whether its scheduler has the placement plugin's gdask_observe handler
-_observers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def report_work(client: Any, records: list[tuple[str, float, str, float]]) -> bool:
-    """Tell the placement plugin about device work that ran inside longer tasks, as
-    ``(kind, input bytes, worker address, seconds)`` records (what those tasks' durations would
-    have been): a loop on the workers runs every iteration's block work in one task. False when the
-    scheduler has no placement plugin (asked once per client)."""
-    if client not in _observers:
-        _observers[client] = bool(client.run_on_scheduler(_has_handler, "gdask_observe"))
-    if not _observers[client] or not records:
-        return False
-    client.sync(client.scheduler.gdask_observe, records=[list(r) for r in records])
-    return True
-
-
-def _has_handler(name: str, dask_scheduler: Any = None) -> bool:
-    return name in dask_scheduler.handlers
-
-
-class DeviceReporter(WorkerPlugin):
-    """Worker side of the registry: publishes NVML details and, on clusters not started by
-    :class:`~gdask.LocalGPUCluster`, gives the worker its device.
-
-    Parameters
-    ----------
-    create_device : bool
-        Give the worker a device (CUDA where available, else emulated, per ``gdask`` config) if
-        it has none, as ``dask worker --preload gdask.scheduling`` does.
-    """
-
-    name = "gdask-device-reporter"
-    idempotent = True
-
-    def __init__(self, create_device: bool = False) -> None:
-        self.create_device = bool(create_device)
-
-    def setup(self, worker: Any) -> None:
-        if self.create_device and getattr(worker, "gdask_device", None) is None:
-            from gdask._devices import make_specs
-            from gdask._worker import DeviceSetup
-
-            spec = make_specs(1)[0]
-            DeviceSetup({worker.name: spec}).setup(worker)
-        worker.metrics["gdask_nvml"] = _nvml_metrics
-
-
 def _streams(ws: Any) -> int:
     """Tasks a worker runs at once: its stream executor's current K, else its thread count."""
-    k = ((ws.metrics or {}).get("gdask_streams") or {}).get("streams")
+    k = ((ws.metrics or {}).get(protocol.METRIC_STREAMS) or {}).get("streams")
     return max(1, int(k)) if isinstance(k, (int, float)) and k >= 1 else max(1, ws.nthreads)
-
-
-_NVML_CACHE: dict[int, dict[str, Any]] = {}
-
-
-def _nvml_metrics(worker: Any) -> dict[str, Any]:
-    """SM count and topology (static: probed once per device); utilisation is in ``gdask_device``."""
-    dev = getattr(worker, "gdask_device", None)
-    if dev is None or getattr(dev, "backend", None) != "cuda":
-        return {}
-    idx = dev.spec.physical
-    if idx not in _NVML_CACHE:
-        from gdask._devices import _nvml
-
-        _NVML_CACHE[idx] = _nvml.details(idx)
-    return _NVML_CACHE[idx]

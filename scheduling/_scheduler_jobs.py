@@ -1,42 +1,25 @@
-"""Jobs that share devices: ``gdask.job(...)``, its scheduler plugin and its worker monitor.
+"""Scheduler side of device sharing: the ``gdask-jobs`` plugin (:class:`JobScheduler`).
 
-Thin adapters around the pure policies of :mod:`gdask.scheduling._sharing` (``ShareLedger``,
+A thin adapter around the pure policies of :mod:`gdask.scheduling._sharing` (``ShareLedger``,
 ``place``, ``first_fit``, ``whole_device``) and :mod:`gdask.scheduling._interference`
-(``InterferenceModel``):
-
-* :class:`JobScheduler` (scheduler plugin ``gdask-jobs``) grants each job a fraction of one or
-  more devices and an amount of their memory, or queues it until one fits; learns each job kind's
-  profile and the interference model from what the workers measure; feeds ``jobs(client)``.
-  :class:`~gdask.scheduling.GPUPlacement` places a job's tasks on its devices only.
-* :class:`JobMonitor` (worker plugin ``gdask-job-monitor``) measures every job task (duration,
-  which other jobs ran on the device meanwhile and for how long, the device's per-job usage where
-  the device reports it) and reports it to the scheduler as a ``gdask-job-task`` event. It also
-  enforces memory requests: when a job's blocks on the device exceed its request, *that job's*
-  blocks are moved to the host tier of the window cache.
-* :func:`job` (``gdask.job``) is the context manager users write around a job's computations: the
-  tasks submitted inside it are annotated ``gdask_job=<name>`` and the GDataSets created inside it
-  get job-private keys, so one job never reads another job's cached blocks.
+(``InterferenceModel``): it grants each job a fraction of one or more devices and an amount of their
+memory, or queues it until one fits; learns each job kind's profile and the interference model from
+what the workers measure (:class:`~gdask.scheduling.JobMonitor`); feeds ``jobs(client)``.
+:class:`~gdask.scheduling.GPUPlacement` places a job's tasks on its devices only.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import math
-import threading
 import time
-import uuid
-import weakref
 from collections import defaultdict, deque
 from typing import Any
 
-import dask
-from dask.utils import key_split
-from distributed import SchedulerPlugin, WorkerPlugin
+from distributed import SchedulerPlugin
 
-from gdask import _config
-from gdask._devices._spec import parse_size
+from gdask import config, protocol
 from gdask.scheduling._interference import InterferenceModel, JobProfile
 from gdask.scheduling._sharing import (DeviceCapacity, JobRequest, ShareError, ShareLedger, first_fit, jobs_table,
                                        place, whole_device)
@@ -44,14 +27,7 @@ from gdask.scheduling._topology import Topology
 
 logger = logging.getLogger("gdask.scheduling")
 
-__all__ = ["Job", "JobMonitor", "JobScheduler", "current_job", "job", "jobs"]
-
-#: task annotation naming the job a task belongs to
-JOB = "gdask_job"
-#: task annotation naming the job's kind (jobs of one kind share measured profiles)
-KIND = "gdask_job_kind"
-#: event topic of the workers' per-task measurements
-TOPIC = "gdask-job-task"
+__all__ = ["JobScheduler", "POLICIES"]
 
 POLICIES = {"gdask": place, "first-fit": first_fit, "whole-device": whole_device}
 
@@ -62,24 +38,6 @@ _NONE, _FULL = 0.02, 0.9
 _MIN_SECONDS = 0.002
 
 
-def current_job() -> str | None:
-    """The job of the running task on a worker, else the job of the enclosing ``gdask.job`` block."""
-    try:
-        from distributed import get_worker
-        from distributed.worker import thread_state
-
-        key = getattr(thread_state, "key", None)
-        if key is not None:
-            ts = get_worker().state.tasks.get(key)
-            ann = (ts.annotations or {}) if ts is not None else {}
-            if ann.get(JOB) is not None:
-                return ann[JOB]
-    except ValueError:  # not on a worker
-        pass
-    return dask.get_annotations().get(JOB)
-
-
-# -- scheduler side ---------------------------------------------------------------------------------
 class _JobRecord:
     __slots__ = ("request", "kind", "devices", "submitted", "started", "finished", "waiter", "count",
                  "slowdowns", "spilled", "given_profile", "status")
@@ -118,12 +76,12 @@ class JobScheduler(SchedulerPlugin):
         Score per co-runner with the same bottleneck (config ``...sharing.bottleneck-penalty``).
     """
 
-    name = "gdask-jobs"
+    name = protocol.PLUGIN_JOBS
     idempotent = True
 
     def __init__(self, policy: str | None = None, model: InterferenceModel | None = None,
                  topology: Topology | None = None, bottleneck_penalty: float | None = None) -> None:
-        policy = policy or _config.get("scheduling.sharing.policy", "gdask")
+        policy = policy or config.get("scheduling.sharing.policy", "gdask")
         if policy not in POLICIES:
             raise ValueError(f"unknown sharing policy {policy!r}; choose one of {sorted(POLICIES)}")
         self.policy = policy
@@ -131,7 +89,7 @@ class JobScheduler(SchedulerPlugin):
         self.topology = topology
         self._given_topology = topology is not None
         self.bottleneck_penalty = float(bottleneck_penalty if bottleneck_penalty is not None
-                                        else _config.get("scheduling.sharing.bottleneck-penalty", 0.25))
+                                        else config.get("scheduling.sharing.bottleneck-penalty", 0.25))
         self.ledger = ShareLedger()
         self.records: dict[str, _JobRecord] = {}
         self.queue: deque[str] = deque()
@@ -146,9 +104,9 @@ class JobScheduler(SchedulerPlugin):
     # -- lifecycle ----------------------------------------------------------------------------------
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
-        scheduler.handlers["gdask_job_open"] = self._handle_open
-        scheduler.handlers["gdask_job_close"] = self._handle_close
-        scheduler.handlers["gdask_jobs"] = self._handle_jobs
+        scheduler.handlers[protocol.HANDLER_JOB_OPEN] = self._handle_open
+        scheduler.handlers[protocol.HANDLER_JOB_CLOSE] = self._handle_close
+        scheduler.handlers[protocol.HANDLER_JOBS] = self._handle_jobs
 
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
         if worker in self.ledger.devices:
@@ -163,13 +121,13 @@ class JobScheduler(SchedulerPlugin):
     def _device_workers(self) -> dict[str, Any]:
         """Running workers that report a gdask device (``worker.metrics["gdask_device"]``)."""
         s = self.scheduler
-        return {ws.address: ws for ws in s.running if (ws.metrics or {}).get("gdask_device")}
+        return {ws.address: ws for ws in s.running if (ws.metrics or {}).get(protocol.METRIC_DEVICE)}
 
     def _refresh_devices(self) -> None:
         workers = self._device_workers()
         for addr, ws in workers.items():
             if addr not in self.ledger.devices:
-                dev = ws.metrics["gdask_device"]
+                dev = ws.metrics[protocol.METRIC_DEVICE]
                 speed = float(dev.get("speed") or 1.0)
                 self.ledger.add_device(DeviceCapacity(addr, int(dev.get("memory") or 1), compute=speed,
                                                       bandwidth=speed))
@@ -177,10 +135,10 @@ class JobScheduler(SchedulerPlugin):
             self.topology = self._make_topology(workers)
 
     def _make_topology(self, workers: dict[str, Any]) -> Topology:
-        nvml = {addr: (ws.metrics.get("gdask_nvml") or {}) for addr, ws in workers.items()}
+        nvml = {addr: (ws.metrics.get(protocol.METRIC_NVML) or {}) for addr, ws in workers.items()}
         hosts = {addr: ws.host for addr, ws in workers.items()}
         if any(v.get("topology") for v in nvml.values()):
-            physical = {addr: int(ws.metrics["gdask_device"].get("physical", 0)) for addr, ws in workers.items()}
+            physical = {addr: int(ws.metrics[protocol.METRIC_DEVICE].get("physical", 0)) for addr, ws in workers.items()}
             details = {physical[a]: nvml[a] for a in workers}
             return Topology.from_nvml(details, devices=physical, hosts=hosts, default="socket")
         topo = Topology(default="network")
@@ -188,7 +146,7 @@ class JobScheduler(SchedulerPlugin):
         for i, a in enumerate(addrs):
             for b in addrs[i + 1:]:
                 topo.set_link(a, b, "pcie-host" if hosts[a] == hosts[b] else "network")
-        links = _config.get("scheduling.sharing.links", None) or {}
+        links = config.get("scheduling.sharing.links", None) or {}
         by_name = {str(ws.name): addr for addr, ws in workers.items()}
         for pair, kind in links.items():
             parts = [p.strip() for p in str(pair).replace(",", "-").split("-")]
@@ -310,7 +268,7 @@ class JobScheduler(SchedulerPlugin):
         ann = ts.annotations
         if not ann:
             return None
-        name = ann.get(JOB)
+        name = ann.get(protocol.ANN_JOB)
         if name is None:
             return None
         rec = self.records.get(name)
@@ -320,7 +278,7 @@ class JobScheduler(SchedulerPlugin):
 
     # -- measurements -------------------------------------------------------------------------------
     def log_event(self, topic: str, msg: Any) -> None:
-        if topic != TOPIC or not isinstance(msg, dict):
+        if topic != protocol.EVENT_JOB_TASK or not isinstance(msg, dict):
             return
         try:
             self._measured(msg)
@@ -329,7 +287,7 @@ class JobScheduler(SchedulerPlugin):
 
     def _speed(self, worker: str) -> float:
         ws = self.scheduler.workers.get(worker) if self.scheduler is not None else None
-        dev = ((ws.metrics or {}).get("gdask_device") or {}) if ws is not None else {}
+        dev = ((ws.metrics or {}).get(protocol.METRIC_DEVICE) or {}) if ws is not None else {}
         return float(dev.get("speed") or 1.0)
 
     def _measured(self, msg: dict) -> None:
@@ -427,332 +385,3 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else math.nan
 
 
-# -- worker side ------------------------------------------------------------------------------------
-class JobMonitor(WorkerPlugin):
-    """Measures job tasks on a worker and enforces the jobs' memory requests there.
-
-    For every finished task of a job (annotated ``gdask_job``) it sends a ``gdask-job-task`` event:
-    its duration, the fraction of that time each other job had tasks running on this worker, the
-    device's usage counters for the job over the task (emulated devices report them) and the
-    bytes of the job's blocks spilled so far. A job whose blocks on the device exceed its memory
-    request has its own oldest blocks moved to the host tier (``worker.data.spill``).
-    """
-
-    name = "gdask-job-monitor"
-    idempotent = True
-
-    def __init__(self) -> None:
-        self.limits: dict[str, int] = {}
-        self.spilled: dict[str, int] = defaultdict(int)
-        self._keys: dict[str, dict[Any, None]] = defaultdict(dict)  # job -> its keys in memory, oldest first
-        self._running: dict[Any, list] = {}  # key -> [job, start, overlap {job: seconds}, usage at start]
-        self._active: dict[str, int] = defaultdict(int)  # job -> tasks executing
-        self._last = time.perf_counter()
-        self._lock = threading.Lock()
-        self.worker: Any = None
-
-    def __getstate__(self) -> dict:
-        return {}  # sent to workers: each starts empty
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__()
-
-    def setup(self, worker: Any) -> None:
-        self.worker = worker
-
-    def _job_of(self, key: Any) -> tuple[str | None, str | None]:
-        ts = self.worker.state.tasks.get(key) if self.worker is not None else None
-        ann = (ts.annotations or {}) if ts is not None else {}
-        return ann.get(JOB), ann.get(KIND)
-
-    def _usage(self, job: str) -> dict[str, float] | None:
-        dev = getattr(self.worker, "gdask_device", None)
-        get = getattr(dev, "job_usage", None)
-        if get is None or getattr(dev, "_clock", None) is None:
-            return None
-        return get(job)
-
-    def _tick(self, now: float) -> None:
-        dt = now - self._last
-        self._last = now
-        if dt <= 0 or not self._running:
-            return
-        busy = [j for j, n in self._active.items() if n > 0]
-        for entry in self._running.values():
-            for j in busy:
-                if j != entry[0]:
-                    entry[2][j] = entry[2].get(j, 0.0) + dt
-
-    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
-        if self.worker is None:
-            return
-        if finish == "executing":
-            job, _ = self._job_of(key)
-            if job is None:
-                return
-            with self._lock:
-                self._tick(time.perf_counter())
-                self._running[key] = [job, time.perf_counter(), {}, self._usage(job)]
-                self._active[job] += 1
-            return
-        if start == "executing" and key in self._running:
-            with self._lock:
-                now = time.perf_counter()
-                self._tick(now)
-                job, t0, overlap, usage0 = self._running.pop(key)
-                self._active[job] -= 1
-            if finish == "memory":
-                self._report(key, job, now - t0, overlap, usage0)
-        if finish == "memory":
-            job, _ = self._job_of(key)
-            if job is not None:
-                self._keys[job][key] = None
-                self._enforce(job)
-        elif finish in ("released", "forgotten", "error"):
-            job, _ = self._job_of(key)
-            if job is not None:
-                self._keys[job].pop(key, None)
-
-    def _report(self, key: Any, job: str, duration: float, overlap: dict, usage0: dict | None) -> None:
-        _, kind = self._job_of(key)
-        ts = self.worker.state.tasks.get(key)
-        prefix = key_split(key) if ts is None else ts.prefix
-        msg = {"job": job, "kind": kind or job, "prefix": str(prefix), "worker": self.worker.address,
-               "duration": duration, "others": {j: s / duration for j, s in overlap.items()} if duration > 0 else {},
-               "spilled": self.spilled.get(job, 0), "resident": self.usage(job)}
-        usage1 = self._usage(job) if usage0 is not None else None
-        if usage0 is not None and usage1 is not None:
-            msg["usage"] = {k: usage1[k] - usage0[k] for k in ("active", "compute", "bandwidth")}
-        try:
-            self.worker.log_event(TOPIC, msg)
-        except Exception:  # pragma: no cover - reporting is best effort
-            logger.debug("gdask-jobs: could not report %r", key, exc_info=True)
-
-    def _enforce(self, job: str) -> None:
-        limit = self.limits.get(job)
-        data = getattr(self.worker, "data", None)
-        spill = getattr(data, "spill", None)
-        size = getattr(data, "device_bytes", None)
-        if limit is None or spill is None or size is None:
-            return
-        keys = self._keys[job]
-        used = self.usage(job)
-        for k in list(keys):  # oldest first
-            if used <= limit:
-                break
-            freed = spill(k)
-            used -= freed
-            self.spilled[job] += freed
-
-    def usage(self, job: str) -> int:
-        """Bytes of ``job``'s blocks on this worker's device now."""
-        size = getattr(getattr(self.worker, "data", None), "device_bytes", None)
-        return sum(size(k) for k in self._keys.get(job, ())) if size is not None else 0
-
-
-def _set_limit(name: str, nbytes: int | None, dask_worker: Any = None) -> bool:
-    mon = dask_worker.plugins.get(JobMonitor.name)
-    if mon is None:
-        return False
-    if nbytes is None:
-        mon.limits.pop(name, None)
-        mon._keys.pop(name, None)
-    else:
-        mon.limits[name] = int(nbytes)
-    return getattr(getattr(dask_worker, "data", None), "spill", None) is not None
-
-
-# -- client side ------------------------------------------------------------------------------------
-_ready: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
-_ready_lock = threading.Lock()
-
-
-def _ensure_plugins(client: Any) -> None:
-    """Install the job plugins on the client's cluster once (LocalGPUCluster already has them)."""
-    with _ready_lock:
-        if _ready.get(client):
-            return
-
-        def has(dask_scheduler=None):
-            return ([n in dask_scheduler.plugins for n in ("gdask-placement", JobScheduler.name)]
-                    + [any((ws.metrics or {}).get("gdask_device") for ws in dask_scheduler.workers.values())])
-
-        placement, jobs_, devices = client.run_on_scheduler(has)
-        if not placement:
-            from gdask.scheduling._plugin import GPUPlacement
-
-            client.register_plugin(GPUPlacement())
-        if not jobs_:
-            client.register_plugin(JobScheduler())
-        if not devices:  # a plain Dask cluster: give each worker a device (CUDA, else emulated)
-            from gdask.scheduling._plugin import DeviceReporter
-
-            client.register_plugin(DeviceReporter(create_device=True))
-        client.register_plugin(JobMonitor())  # idempotent: workers that have it keep theirs
-        _ready[client] = True
-
-
-#: jobs opened in this context (thread, task), innermost last
-_open_jobs: contextvars.ContextVar[tuple] = contextvars.ContextVar("gdask_open_jobs", default=())
-
-
-def _annotate_with(job: Job | None) -> None:
-    """Make ``job`` (or no job) the one annotated on tasks submitted from this context, keeping
-    the other annotations: unlike ``with dask.annotate``, this lets jobs close in any order."""
-    from dask.base import _annotations
-
-    ann = {k: v for k, v in dask.get_annotations().items() if k not in (JOB, KIND)}
-    if job is not None:
-        ann.update({JOB: job.name, KIND: job.kind})
-    _annotations.set(ann or None)
-
-
-class Job:
-    """A job's share of the cluster's devices; see :func:`job`."""
-
-    def __init__(self, client: Any = None, gpu: float = 1.0, memory: int | str | None = None,
-                 name: str | None = None, *, devices: int = 1, kind: str | None = None,
-                 profile: JobProfile | None = None, timeout: float | None = None) -> None:
-        if client is None:
-            from distributed import get_client
-
-            try:
-                client = get_client()
-            except ValueError:
-                raise ValueError("gdask.job needs a distributed Client: gdask.job(client, gpu=0.25, ...)") from None
-        self.client = client
-        self.name = name or f"job-{uuid.uuid4().hex[:8]}"
-        # validate here, with the user's values, before anything is sent
-        JobRequest(self.name, gpu, memory if memory is not None else 1, profile)
-        self.gpu = float(gpu)
-        self.memory = None if memory is None else parse_size(memory, name=f"job {self.name!r} memory")
-        if int(devices) < 1:
-            raise ValueError(f"job {self.name!r}: devices must be >= 1, got {devices!r}")
-        self.count = int(devices)
-        self.kind = kind or self.name
-        self.profile = profile
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds or None, got {timeout!r}")
-        self.timeout = timeout
-        self.devices: list[str] = []
-        self.waited: float | None = None
-        self.status = "new"
-
-    def open(self) -> Job:
-        """Ask for the share (waits while no device has room) and start annotating tasks."""
-        if self.status == "running":
-            return self
-        if self.status != "new":
-            raise RuntimeError(f"job {self.name!r} is {self.status}; a job runs once: make a new one")
-        _ensure_plugins(self.client)
-        prof = None if self.profile is None else {"compute": self.profile.compute, "bandwidth": self.profile.bandwidth,
-                                                  "memory": self.profile.memory}
-        self.status = "waiting"
-        try:
-            info = self.client.sync(self.client.scheduler.gdask_job_open, name=self.name, gpu=self.gpu,
-                                    memory=self.memory, count=self.count, kind=self.kind, profile=prof,
-                                    timeout=self.timeout)
-        except BaseException:
-            self.status = "failed"
-            raise
-        self.devices = list(info["devices"])
-        self.memory = int(info["memory"])
-        self.waited = float(info["waited"])
-        self.status = "running"
-        self.client.run(_set_limit, self.name, self.memory, workers=self.devices)
-        _open_jobs.set((*_open_jobs.get(), self))
-        _annotate_with(self)
-        return self
-
-    def close(self) -> None:
-        """Release the share; the job's blocks stay until their futures are released."""
-        if self.status not in ("running", "waiting"):
-            return
-        stack = tuple(j for j in _open_jobs.get() if j is not self)
-        _open_jobs.set(stack)
-        if dask.get_annotations().get(JOB) == self.name:  # jobs may close in any order
-            _annotate_with(stack[-1] if stack else None)
-        try:
-            self.client.sync(self.client.scheduler.gdask_job_close, name=self.name)
-            self.client.run(_set_limit, self.name, None, workers=self.devices or None)
-        finally:
-            self.status = "done"
-
-    def __enter__(self) -> Job:
-        return self.open()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        mem = "auto" if self.memory is None else f"{self.memory / 2**30:.3g} GiB"
-        return f"<gdask.job {self.name!r} gpu={self.gpu:g} memory={mem} {self.status} on {self.devices}>"
-
-
-def job(client: Any = None, gpu: float = 1.0, memory: int | str | None = None, name: str | None = None, *,
-        devices: int = 1, kind: str | None = None, profile: JobProfile | None = None,
-        timeout: float | None = None) -> Job:
-    """A share of the cluster's devices for the computations of one job.
-
-    .. code-block:: python
-
-        with gdask.job(client, gpu=0.25, memory="4GiB", name="tuning-3"):
-            km = gdask.ml.KMeans(16).fit(X)
-
-    Entering waits until ``devices`` devices each have ``gpu`` of their compute and ``memory``
-    bytes free (granted by the cluster's sharing policy, see :class:`JobScheduler`); then every
-    task submitted inside the block runs on those devices only, the job's blocks on a device never
-    take more than ``memory`` (beyond it the job's own blocks move to host memory), and GDataSets
-    created inside it have job-private keys. ``job.open()`` / ``job.close()`` do the same without
-    ``with`` (e.g. across notebook cells).
-
-    Parameters
-    ----------
-    client : distributed.Client, optional
-        Default: the current client.
-    gpu : float
-        Fraction of each device, in (0, 1].
-    memory : int or str, optional
-        Device memory per device (``"4GiB"``). Default: ``gpu`` times the smallest device's memory.
-    name : str, optional
-        Unique job name (default: a random one), shown by :func:`jobs`.
-    devices : int
-        Devices the job needs (its tasks exchange data: placed on the best-linked group).
-    kind : str, optional
-        Jobs of one kind share their measured profile (default: the name).
-    profile : JobProfile, optional
-        The job's compute / bandwidth use of a device alone, if known; otherwise measured.
-    timeout : float, optional
-        Seconds to wait for a share before raising ``TimeoutError`` (default: forever).
-
-    Raises
-    ------
-    ShareError
-        If no device could ever hold the request (more memory than any device has).
-    """
-    return Job(client, gpu, memory, name, devices=devices, kind=kind, profile=profile, timeout=timeout)
-
-
-def jobs(client: Any = None) -> Any:
-    """Per job: status, devices, share, memory (requested, used), predicted and measured slowdown.
-
-    Returns
-    -------
-    pandas.DataFrame
-        Indexed by job name; ``df.attrs`` holds the sharing ``policy``, the interference model's
-        ``model_error`` (mean absolute percentage error of its predictions before each clean
-        measurement, a fraction) and the measured ``profiles`` per job kind.
-    """
-    import pandas as pd
-
-    if client is None:
-        from distributed import get_client
-
-        client = get_client()
-    _ensure_plugins(client)
-    info = client.sync(client.scheduler.gdask_jobs)
-    columns = ["job", "kind", "status", "devices", "share", "memory", "memory_used", "spilled_bytes", "bottleneck",
-               "co_runners", "predicted_slowdown", "measured_slowdown", "waited", "runtime"]
-    df = pd.DataFrame(info["rows"], columns=columns).set_index("job")
-    df.attrs.update({k: v for k, v in info.items() if k != "rows"})
-    return df

@@ -1,16 +1,30 @@
-"""Worker side of gdask: the plugin that gives a worker process its device."""
+"""Worker side of gdask's scheduling: the plugin that owns a worker's device, and its reports.
+
+:class:`DeviceSetup` (plugin ``gdask-device``) gives a worker process its device (emulated pool, or
+CUDA context + RMM pool), its stream executor and its gdask state (:attr:`DeviceSetup.state`, per
+computation), binds the worker's data store (the window cache) to the device, and publishes the
+device, streams, window and NVML metrics. All metrics are registered once, at setup, by replacing
+``worker.metrics`` with a new dict: distributed's heartbeat iterates that dict while it awaits
+async metrics (RMM's), so adding a key to it later can end the worker ("dictionary changed size
+during iteration").
+"""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
+from dask.utils import format_bytes
 from distributed import WorkerPlugin
 
-from gdask._devices import DeviceSpec
+from gdask import config, protocol
+from gdask.devices import DeviceSpec, StateSpaces, make_device, make_specs, parse_size
 
 logger = logging.getLogger("gdask")
+
+__all__ = ["DeviceReporter", "DeviceSetup", "StreamSettings", "add_metrics", "device_info", "install_stream_executor",
+           "parse_pool_size", "stream_settings"]
 
 
 def parse_pool_size(value: Any, device_memory: int) -> int | None:
@@ -19,8 +33,6 @@ def parse_pool_size(value: Any, device_memory: int) -> int | None:
         return None
     if isinstance(value, float) and 0 < value <= 1:
         return int(value * device_memory)
-    from gdask._devices import parse_size
-
     return parse_size(value, name="rmm_pool_size")
 
 
@@ -86,15 +98,13 @@ def stream_settings(
     ValueError
         An invalid setting; the message names it.
     """
-    from gdask import _config
-
     if max_streams is None:
-        max_streams = _config.get("device.max-streams", 4)
+        max_streams = config.get("device.max-streams", 4)
     if adaptive_streams is None:
-        adaptive_streams = _config.get("device.adaptive-streams", "auto")
+        adaptive_streams = config.get("device.adaptive-streams", "auto")
     if stream_executor is None:
-        stream_executor = _config.get("device.stream-executor", True)
-    round_tasks = _config.get("device.stream-round-tasks", None)
+        stream_executor = config.get("device.stream-executor", True)
+    round_tasks = config.get("device.stream-round-tasks", None)
     _check_int(max_streams, "max_streams (gdask.device.max-streams)")
     if round_tasks is not None:
         _check_int(round_tasks, "gdask.device.stream-round-tasks")
@@ -114,18 +124,34 @@ def stream_settings(
                           adaptive=adaptive, round_tasks=round_tasks)
 
 
+def add_metrics(worker: Any, metrics: dict[str, Callable[[Any], Any]]) -> None:
+    """Publish ``metrics`` on ``worker`` by replacing ``worker.metrics`` with a new dict.
+
+    Never mutate the dict in place: the heartbeat iterates it across an ``await`` (RMM's async
+    metric), and a new key in the middle ends the worker. Call this at setup only.
+    """
+    worker.metrics = {**worker.metrics, **metrics}
+
+
 class DeviceSetup(WorkerPlugin):
-    """Give the worker its device: emulated pool, or CUDA context + RMM pool.
+    """Give the worker its device (emulated pool, or CUDA context + RMM pool), its stream executor
+    and its gdask state; bind its data store to the device; publish its metrics.
 
     Arguments are validated here, on the client; heavy libraries are imported in ``setup``, on the
-    worker (the dask-cuda plugin pattern).
+    worker (the dask-cuda plugin pattern). After setup the instance held by the worker
+    (``worker.plugins["gdask-device"]``) is that worker's gdask context: :attr:`device`,
+    :attr:`state` (see :func:`gdask.devices.context`).
 
     Parameters
     ----------
-    specs : dict
-        Worker name -> :class:`DeviceSpec`. Every worker looks up its own spec by name.
+    specs : dict, optional
+        Worker name -> :class:`~gdask.devices.DeviceSpec`; every worker looks up its own spec by
+        name. ``None``: each worker makes one device from config (``gdask.backend``, ...), CUDA
+        where available (the first GPU of its ``CUDA_VISIBLE_DEVICES``), else emulated, as
+        ``dask worker --preload gdask.scheduling`` does.
     rmm_pool_size : int, float, str or None
-        Pool per CUDA worker (bytes, "40GiB", fraction of the device's memory, or None).
+        Pool per CUDA worker (bytes, "40GiB", fraction of the device's memory, or None). Default
+        config ``gdask.cuda.rmm-pool-size``.
     max_streams, adaptive_streams, stream_executor : optional
         Stream settings (see :func:`stream_settings`); None reads config ``gdask.device.*``.
 
@@ -138,57 +164,114 @@ class DeviceSetup(WorkerPlugin):
     ``nthreads``.
     """
 
-    name = "gdask-device"
+    name = protocol.PLUGIN_DEVICE
     idempotent = True
 
     def __init__(
         self,
-        specs: dict[Any, DeviceSpec],
+        specs: dict[Any, DeviceSpec] | None = None,
         rmm_pool_size: Any = None,
         *,
         max_streams: int | None = None,
         adaptive_streams: bool | str | None = None,
         stream_executor: bool | None = None,
     ) -> None:
-        for k, s in specs.items():
+        for k, s in (specs or {}).items():
             if not isinstance(s, DeviceSpec):
                 raise TypeError(f"specs[{k!r}] must be a DeviceSpec, got {type(s).__name__}")
-        self.specs = {str(k): s for k, s in specs.items()}
+        self.specs = None if specs is None else {str(k): s for k, s in specs.items()}
+        if rmm_pool_size is None:
+            rmm_pool_size = config.get("cuda.rmm-pool-size")
+        if isinstance(rmm_pool_size, str):
+            parse_size(rmm_pool_size, name="rmm_pool_size")  # fail here, with the user's value
         self.rmm_pool_size = rmm_pool_size
-        self.streams = {
-            k: stream_settings(s, max_streams=max_streams, adaptive_streams=adaptive_streams,
-                               stream_executor=stream_executor)
-            for k, s in self.specs.items()
-        }
+        self._stream_kw = {"max_streams": max_streams, "adaptive_streams": adaptive_streams,
+                           "stream_executor": stream_executor}
+        self.streams = {k: stream_settings(s, **self._stream_kw) for k, s in (self.specs or {}).items()}
+        # the worker's gdask context, set by setup
+        self.device: Any = None
+        self.state = StateSpaces()
+        self.worker: Any = None
+        self.nvml: dict[str, Any] | None = None
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.update(device=None, worker=None, state=None, nvml=None)  # each worker makes its own
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.state = StateSpaces()
 
     def worker_threads(self) -> int:
         """``nthreads`` the device workers need (the largest over all devices)."""
         return max((st.nthreads for st in self.streams.values()), default=1)
 
-    def setup(self, worker) -> None:
-        from gdask._devices import make_device, set_current_device
+    def spec_for(self, worker: Any) -> DeviceSpec | None:
+        """The device spec of ``worker`` (made from config when no specs were given)."""
+        if self.specs is None:
+            return make_specs(1)[0]
+        return self.specs.get(str(worker.name))
 
-        spec = self.specs.get(str(worker.name))
+    def setup(self, worker: Any) -> None:
+        spec = self.spec_for(worker)
         if spec is None:
             logger.info("gdask: worker %s has no device spec; it runs non-device work only", worker.name)
             return
         device = make_device(spec)
+        pool = "numpy pool"
         if spec.backend == "cuda":
-            from gdask._devices._cuda import setup_rmm_pool
+            from gdask.devices import setup_rmm_pool
 
-            device.allocator = setup_rmm_pool(parse_pool_size(self.rmm_pool_size, spec.memory), spec.memory)
-        set_current_device(device)
-        worker.gdask_device = device
-        worker.metrics["gdask_device"] = lambda w: _device_metrics(w)
-        settings = self.streams[str(worker.name)]
+            device.allocator = pool = setup_rmm_pool(parse_pool_size(self.rmm_pool_size, spec.memory), spec.memory)
+        self.device = device
+        self.worker = worker
+        settings = self.streams.get(str(worker.name)) or stream_settings(spec, **self._stream_kw)
         if settings.executor:
             install_stream_executor(worker, device, settings)
-        logger.info("gdask: worker %s owns %s device %d", worker.name, spec.backend, spec.index)
+        attach = getattr(worker.data, "attach_device", None)
+        if attach is not None:  # the window cache: its device tier lives in this device's memory
+            attach(device)
+        add_metrics(worker, {
+            protocol.METRIC_DEVICE: _device_metrics,
+            protocol.METRIC_STREAMS: _stream_metrics,
+            protocol.METRIC_WINDOW: _window_metrics,
+            protocol.METRIC_NVML: _nvml_metrics,
+        })
+        streams = (f"{settings.streams} stream(s)" + (f", adaptive up to {settings.max_streams}" if settings.adaptive
+                                                       else "")) if settings.executor else "no stream executor"
+        store = type(worker.data).__name__
+        logger.info("gdask: worker %s owns %s device %d (%s), memory %s, %s, %s, data store %s", worker.name,
+                    spec.backend, spec.index, spec.name, format_bytes(spec.memory), pool, streams, store)
+
+    def teardown(self, worker: Any) -> None:
+        detach = getattr(worker.data, "detach_device", None)
+        if detach is not None and self.device is not None:
+            detach(self.device)
+
+
+class DeviceReporter(DeviceSetup):
+    """:class:`DeviceSetup` for workers of a cluster not started by gdask: each worker makes its
+    device from config (``client.register_plugin(DeviceReporter())``); kept under this name for
+    scripts written against earlier gdask versions.
+
+    Parameters
+    ----------
+    create_device : bool
+        Must be True (the worker gets a device); False is no longer supported (the device plugin
+        is what publishes the device's metrics).
+    """
+
+    def __init__(self, create_device: bool = True, **kwargs: Any) -> None:
+        if not create_device:
+            raise ValueError("DeviceReporter(create_device=False) is no longer supported: the device plugin "
+                             "publishes the device's metrics; use DeviceReporter() or DeviceSetup()")
+        super().__init__(None, **kwargs)
 
 
 def install_stream_executor(worker, device, settings: StreamSettings | None = None):
     """Make a :class:`gdask.scheduling.StreamThreadPoolExecutor` the worker's "default" and "gpu"
-    executor, publish ``worker.metrics["gdask_streams"]``, and return it.
+    executor and return it (call it at setup: it replaces executors distributed holds).
 
     Parameters
     ----------
@@ -220,10 +303,14 @@ def install_stream_executor(worker, device, settings: StreamSettings | None = No
     worker.executors["default"] = executor
     worker.executors["gpu"] = executor
     worker.gdask_streams = executor
-    worker.metrics["gdask_streams"] = lambda w: _stream_metrics(w)
     if old is not None and old is not worker.executors.get("offload") and old is not executor:
         old.shutdown(wait=False)  # tasks already on it finish; it takes no new ones
     return executor
+
+
+def _plugin(worker: Any) -> DeviceSetup | None:
+    plugin = worker.plugins.get(protocol.PLUGIN_DEVICE)
+    return plugin if getattr(plugin, "device", None) is not None else None
 
 
 def _stream_metrics(worker) -> dict[str, Any]:
@@ -231,12 +318,29 @@ def _stream_metrics(worker) -> dict[str, Any]:
     return {} if ex is None else ex.metrics()
 
 
+def _window_metrics(worker) -> dict[str, Any]:
+    metrics = getattr(worker.data, "metrics", None)
+    return metrics() if callable(metrics) else {}
+
+
 def _device_metrics(worker) -> dict[str, Any]:
-    dev = getattr(worker, "gdask_device", None)
-    if dev is None:
+    plugin = _plugin(worker)
+    if plugin is None:
         return {}
-    info = _with_streams(dev.info(), dask_worker=worker)
+    info = _with_streams(plugin.device.info(), dask_worker=worker)
     return {k: v for k, v in info.items() if isinstance(v, (int, float, str)) or v is None}
+
+
+def _nvml_metrics(worker: Any) -> dict[str, Any]:
+    """SM count and topology of a CUDA device (static: probed once, kept on the plugin)."""
+    plugin = _plugin(worker)
+    if plugin is None or getattr(plugin.device, "backend", None) != "cuda":
+        return {}
+    if plugin.nvml is None:
+        from gdask.devices import nvml_details
+
+        plugin.nvml = nvml_details(plugin.device.spec.physical)
+    return plugin.nvml
 
 
 def _with_streams(info: dict[str, Any], dask_worker) -> dict[str, Any]:
@@ -254,5 +358,5 @@ def device_info(dask_worker=None) -> dict[str, Any] | None:
         from distributed import get_worker
 
         dask_worker = get_worker()
-    dev = getattr(dask_worker, "gdask_device", None)
-    return None if dev is None else _with_streams(dev.info(), dask_worker)
+    plugin = _plugin(dask_worker)
+    return None if plugin is None else _with_streams(plugin.device.info(), dask_worker)

@@ -1,0 +1,49 @@
+"""Devices: discovery, device specs, the device and per-process state of the running code.
+
+The public face of :mod:`gdask._devices` (gdask's lowest layer): the other gdask packages use these
+names only. Nothing here imports CuPy, RMM or NVML; they are loaded when a CUDA device is made.
+"""
+
+from __future__ import annotations
+
+from gdask._devices._arrays import array_module, to_numpy
+from gdask._devices import (BACKENDS, DeviceSpec, EmulatedDevice, EmulatedPool, Inventory, LocalContext,
+                            StateSpaces, context, current_device, discover, make_device, make_specs,
+                            module_available, parse_size, worker_state)
+
+__all__ = [
+    "BACKENDS",
+    "DeviceSpec",
+    "EmulatedDevice",
+    "EmulatedPool",
+    "Inventory",
+    "LocalContext",
+    "StateSpaces",
+    "array_module",
+    "context",
+    "current_device",
+    "discover",
+    "make_device",
+    "make_specs",
+    "module_available",
+    "nvml_details",
+    "parse_size",
+    "setup_rmm_pool",
+    "to_numpy",
+    "worker_state",
+]
+
+
+def setup_rmm_pool(pool_size: int | None, device_memory: int) -> str:
+    """Route CuPy's allocations on the current CUDA device through an RMM pool of ``pool_size``
+    bytes (``None``: RMM without a pool); returns a description of the allocator."""
+    from gdask._devices._cuda import setup_rmm_pool as setup
+
+    return setup(pool_size, device_memory)
+
+
+def nvml_details(index: int) -> dict:
+    """SM count and topology of CUDA device ``index`` from NVML (``{}`` without NVML)."""
+    from gdask._devices import _nvml
+
+    return _nvml.details(index)

@@ -1,0 +1,72 @@
+"""The names gdask's processes agree on: plugins, worker metrics, task annotations, RPC handlers.
+
+Scheduler, workers and clients of one cluster exchange these names; each is defined here once and
+read from here everywhere (like distributed's ``shuffle`` extensions keep their names in one
+place). This module imports nothing, so every layer of gdask can use it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ANN_GPU", "ANN_JOB", "ANN_JOB_KIND",
+    "EVENT_JOB_TASK",
+    "HANDLER_COLLECTIVE", "HANDLER_COLLECTIVE_ABORT", "HANDLER_DEVICE_TABLE", "HANDLER_JOBS",
+    "HANDLER_JOB_CLOSE", "HANDLER_JOB_OPEN", "HANDLER_OBSERVE", "HANDLER_PLACEMENT_STATS", "HANDLER_STATE",
+    "METRIC_DEVICE", "METRIC_NVML", "METRIC_STREAMS", "METRIC_WINDOW",
+    "PLUGIN_COLLECTIVE", "PLUGIN_DEVICE", "PLUGIN_EXECUTION_LOG", "PLUGIN_JOBS", "PLUGIN_JOB_MONITOR",
+    "PLUGIN_PLACEMENT",
+]
+
+# -- plugins (``plugin.name``: one instance per scheduler / worker) ----------------------------------
+#: scheduler: places device tasks (:class:`gdask.scheduling.GPUPlacement`)
+PLUGIN_PLACEMENT = "gdask-placement"
+#: scheduler: grants device shares to jobs (:class:`gdask.scheduling.JobScheduler`)
+PLUGIN_JOBS = "gdask-jobs"
+#: scheduler: records which tasks ran (GTracker's execution log)
+PLUGIN_EXECUTION_LOG = "gdask-execution-log"
+#: worker: owns the worker's device, its stream executor and the worker's gdask state
+PLUGIN_DEVICE = "gdask-device"
+#: worker: measures job tasks and enforces job memory requests
+PLUGIN_JOB_MONITOR = "gdask-job-monitor"
+#: worker: mailboxes of loops that run on the workers (collective all-gather)
+PLUGIN_COLLECTIVE = "gdask-collective"
+
+# -- worker metrics (``worker.metrics[name]``, in ``WorkerState.metrics`` every heartbeat) -----------
+#: the device: spec, memory budget and use, transfers, busy time (a flat dict of scalars)
+METRIC_DEVICE = "gdask_device"
+#: the stream executor: current / maximum streams, throughput
+METRIC_STREAMS = "gdask_streams"
+#: the window cache of the worker's data store: hits, misses, bytes moved, window size
+METRIC_WINDOW = "gdask_window"
+#: static NVML details of a CUDA device: SM count, topology
+METRIC_NVML = "gdask_nvml"
+
+# -- task annotations ---------------------------------------------------------------------------------
+#: device work: set on every GDataSet task (value: the kind of block operation, e.g. ``"to_device"``);
+#: the placement plugin places exactly the tasks that carry it (or read results of tasks that do)
+ANN_GPU = "gdask_gpu"
+#: the ``gdask.job`` a task belongs to (its name)
+ANN_JOB = "gdask_job"
+#: the job's kind: jobs of one kind share their measured profile
+ANN_JOB_KIND = "gdask_job_kind"
+
+# -- events (``worker.log_event(topic, msg)`` -> ``SchedulerPlugin.log_event``) ----------------------
+#: per-task measurement of a job task (duration, co-runners, device usage)
+EVENT_JOB_TASK = "gdask-job-task"
+
+# -- RPC handlers -------------------------------------------------------------------------------------
+#: scheduler: device table rows
+HANDLER_DEVICE_TABLE = "gdask_device_table"
+#: scheduler: placement statistics per worker
+HANDLER_PLACEMENT_STATS = "gdask_placement_stats"
+#: scheduler: durations of device work that ran inside longer tasks
+HANDLER_OBSERVE = "gdask_observe"
+#: scheduler: open / close a job, the jobs table
+HANDLER_JOB_OPEN = "gdask_job_open"
+HANDLER_JOB_CLOSE = "gdask_job_close"
+HANDLER_JOBS = "gdask_jobs"
+#: worker: a message of a loop on the workers / stop a loop
+HANDLER_COLLECTIVE = "gdask_collective"
+HANDLER_COLLECTIVE_ABORT = "gdask_collective_abort"
+#: worker: drop a fit's per-worker state
+HANDLER_STATE = "gdask_drop_state"

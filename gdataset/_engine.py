@@ -1,0 +1,556 @@
+"""The iteration engine: how every iterative algorithm over GDataSet blocks runs.
+
+An algorithm (K-means, logistic regression, an LSTM trainer, ...) supplies only its mathematics, as
+an :class:`IterativeAlgorithm`: a *driver* ``run(state, ctx)`` that loops over iterations and asks
+the :class:`LoopContext` for passes over the blocks (``ctx.map`` / ``ctx.reduce``: a per-block
+function, its results in block order), and an optional final pass. The engine decides where the
+driver runs and owns everything else:
+
+* ``"workers"``: the driver runs in one task per worker that holds blocks (the same code on every
+  worker, to the same result); a pass computes the worker's own blocks and all-gathers the
+  per-block results worker to worker (:mod:`gdask.gdataset._collective`): no client or scheduler
+  round trip per iteration. Needs a Client, persisted data that fits on the devices and config
+  ``gdask.ml.worker-loop``.
+* ``"client"``: the driver runs here; a pass is one graph, one task per group of blocks held by a
+  worker thread (one small result per block comes back).
+* ``"stream"``: data larger than the devices' memory: one task per block, alternating scan order
+  and the window cache told the order, so the blocks left on the device are the next needed.
+
+Per-block results are always combined in block order, never in the order of placement, so a
+seeded fit gives the same bits however the blocks are placed, moved or recomputed. After every
+finished iteration the driver calls ``ctx.checkpoint(state, **record)``: the record feeds progress
+(:class:`gdask.gdataset.Progress`: bar, lines, ``callback``), the state is where the fit resumes if
+the loop on the workers fails (a worker lost, busy or failing): the engine then runs the driver
+from the client, from that state, not from the start. Per-worker state of a fit (K-means bounds)
+lives in the workers' state spaces under the fit's token (:func:`gdask.devices.worker_state`) and is
+dropped at the end. The durations of the passes on the workers are reported to the placement plugin
+(device speeds, rebalancing), as the tasks of the client loop report themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import queue
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import dask
+import numpy as np
+from dask.base import tokenize
+from dask.delayed import Delayed
+from dask.highlevelgraph import HighLevelGraph
+from dask.task_spec import Task
+
+from gdask import config
+from gdask.gdataset import _blocks
+from gdask.gdataset._collective import CollectiveError, run_on_workers
+from gdask.gdataset._core import GDataSet, _Operands, device_layer
+from gdask.gdataset._progress import Progress
+
+logger = logging.getLogger("gdask.gdataset")
+
+__all__ = ["Blocks", "EngineResult", "IterativeAlgorithm", "LoopContext", "MODES", "run_loop"]
+
+MODES = ("workers", "client", "stream")
+
+
+def _lost_work_errors() -> tuple[type[BaseException], ...]:
+    """Errors of a computation whose worker died under it (its inputs come back from lineage)."""
+    from distributed.client import FutureCancelledError
+    from distributed.comm.core import CommClosedError
+    from distributed.scheduler import KilledWorker
+
+    return (KilledWorker, FutureCancelledError, CommClosedError)
+
+
+_LOST_WORK = _lost_work_errors()
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """A handle to one dataset of a loop, ``ctx.data[name]``: passed to ``ctx.map`` in place of the
+    dataset, it is replaced by each block of that dataset (``None`` datasets give ``None``)."""
+
+    name: str
+
+
+class IterativeAlgorithm:
+    """What an iterative algorithm supplies to :func:`run_loop`. Subclass and override.
+
+    The object is sent to the workers with the loop: keep it small (parameters, not data).
+
+    Attributes
+    ----------
+    name : str
+        Shown in progress and used in task names.
+    modes : tuple of str
+        Where its driver may run (``"workers"``, ``"client"``, ``"stream"``); the engine picks the
+        first that the situation allows, in the order of :data:`MODES`.
+    """
+
+    name = "loop"
+    modes: tuple[str, ...] = MODES
+
+    def run(self, state: Any, ctx: LoopContext) -> Any:
+        """The driver: iterate from ``state`` (``ctx.iteration`` iterations are already done) and
+        return the final state. Call ``ctx.checkpoint(state, ...)`` after every iteration. Must
+        take the same decisions from the same inputs wherever it runs (no unseeded randomness)."""
+        raise NotImplementedError
+
+    def final(self, state: Any) -> tuple[Callable, tuple, dict] | None:
+        """An optional last pass ``(func, args, kwargs)``, run where the blocks are; its per-block
+        results come back to the client (:attr:`EngineResult.finals`, in block order)."""
+        return None
+
+
+@dataclass
+class EngineResult:
+    """What :func:`run_loop` returns.
+
+    Attributes
+    ----------
+    state : the driver's final state
+    finals : list or None
+        The final pass's per-block results, in block order.
+    mode : str
+        Where the driver ran last (``"workers"``, ``"client"``, ``"stream"``).
+    history : list of dict
+        The checkpoint records, one per iteration.
+    restarts : int
+        Times the loop on the workers failed and the fit resumed from its last checkpoint.
+    iterations : int
+        Iterations done (``ctx.iteration`` at the end).
+    """
+
+    state: Any
+    finals: list | None
+    mode: str
+    history: list[dict] = field(default_factory=list)
+    restarts: int = 0
+    iterations: int = 0
+
+
+class LoopContext:
+    """What a driver uses: passes over the blocks, checkpoints, collective exchange.
+
+    Attributes
+    ----------
+    mode : str
+    token : str
+        The fit's token: the key of its per-worker state (:func:`gdask.devices.worker_state`).
+    nblocks : int
+    iteration : int
+        Iterations finished (counted by :meth:`checkpoint`).
+    data : dict
+        ``{name: Blocks}``: the loop's datasets, to pass to :meth:`map`.
+    rank, size : int
+        This driver's rank among the drivers that run at once (one per worker; 0 / 1 from the client).
+    """
+
+    mode = "client"
+
+    def __init__(self, names: Sequence[str], nblocks: int, token: str, iteration: int) -> None:
+        self.data = {n: Blocks(n) for n in names}
+        self.nblocks = nblocks
+        self.token = token
+        self.iteration = iteration
+        self.rank = 0
+        self.size = 1
+
+    def map(self, func: Callable, *args: Any, blocks: Sequence[int] | None = None, name: str | None = None,
+            **kwargs: Any) -> list:
+        """``func(*args_b, **kwargs)`` for every block ``b`` (or the ``blocks`` given), where each
+        :class:`Blocks` argument is replaced by its dataset's block ``b``; the results, as host data,
+        in block order (every rank gets all of them)."""
+        raise NotImplementedError
+
+    def reduce(self, chunk: Callable, combine: Callable[[list], Any], *args: Any, name: str | None = None,
+               **kwargs: Any) -> Any:
+        """``combine`` of the per-block results of :meth:`map`, in block order."""
+        return combine(self.map(chunk, *args, name=name, **kwargs))
+
+    def allgather(self, value: Any) -> list:
+        """Every driver's ``value``, in rank order (``[value]`` from the client)."""
+        return [value]
+
+    def checkpoint(self, state: Any, **record: Any) -> None:
+        """End of an iteration: ``state`` is where the fit resumes after a failure; ``record``
+        (e.g. ``inertia=``, ``loss=``, ``line=`` for verbose output) goes to progress."""
+        raise NotImplementedError
+
+    def _record(self, record: dict, seconds: float) -> dict:
+        self.iteration += 1
+        return {"iteration": self.iteration, "seconds": seconds, "mode": self.mode, **record}
+
+
+# -- from the client (and streaming) ----------------------------------------------------------------
+class _ClientContext(LoopContext):
+    def __init__(self, data: dict[str, GDataSet | None], groups: list[list[int]] | None, token: str,
+                 iteration: int, progress: Callable[[Any, dict], None], stream: bool = False) -> None:
+        ref = next((g for g in data.values() if g is not None), None)
+        super().__init__(list(data), 0 if ref is None else ref.nblocks, token, iteration)
+        self.datasets = data
+        self.ref = ref
+        self.groups = groups or [[b] for b in range(self.nblocks)]
+        self.stream = stream
+        self.mode = "stream" if stream else "client"
+        self._progress = progress
+        self._t0 = time.perf_counter()
+        self._passes = 0
+
+    def _resolve(self, a: Any) -> Any:
+        return self.datasets[a.name] if isinstance(a, Blocks) else a
+
+    def map(self, func, *args, blocks=None, name=None, **kwargs):
+        args = tuple(self._resolve(a) for a in args)
+        if not any(isinstance(a, GDataSet) for a in args):
+            raise ValueError("ctx.map needs at least one dataset argument (ctx.data[name])")
+        wanted = list(range(self.nblocks)) if blocks is None else sorted(set(int(b) for b in blocks))
+        keep = set(wanted)
+        if self.stream:
+            groups = [[b] for b in wanted]
+        else:
+            groups = [g2 for g2 in ([b for b in g if b in keep] for g in self.groups) if g2]
+        prefix = name or _blocks_name(func)
+        ops = _Operands(self.ref, args)
+        token = tokenize(func, *ops.tokens(), kwargs, groups, self.token)
+        part = f"{prefix}-{token}"
+        layer = dict(ops.graph)
+        for gi, g in enumerate(groups):
+            flat = [a for b in g for a in ops.block_args(b)]
+            layer[(part, gi)] = Task((part, gi), _blocks.group_map_op, func, len(flat) // len(g), *flat, **kwargs)
+        graph = HighLevelGraph.from_collections(part, device_layer(layer, "reduce"), dependencies=ops.deps)
+        outs = [Delayed((part, gi), graph, layer=part) for gi in range(len(groups))]
+        if self.stream:
+            from gdask.window_cache import scan
+
+            with scan(self.ref.__dask_keys__(), self._passes):
+                results = dask.compute(*outs)
+        else:
+            results = dask.compute(*outs)
+        self._passes += 1
+        by_block = {b: r for g, res in zip(groups, results) for b, r in zip(g, res)}
+        return [by_block[b] for b in wanted]
+
+    def checkpoint(self, state, **record):
+        now = time.perf_counter()
+        rec = self._record(record, now - self._t0)
+        self._t0 = now
+        self._progress(state, rec)
+
+
+def _blocks_name(func: Callable) -> str:
+    n = getattr(func, "__name__", None) or type(func).__name__
+    return n.strip("_").replace("<", "").replace(">", "") or "pass"
+
+
+# -- on the workers -----------------------------------------------------------------------------------
+class _WorkersContext(LoopContext):
+    """A driver's context in its task on one worker: ``owned`` = ``[(block, {name: block array})]``."""
+
+    mode = "workers"
+
+    def __init__(self, comm: Any, owned: list, names: Sequence[str], nblocks: int, token: str, iteration: int,
+                 topic: str | None) -> None:
+        super().__init__(names, nblocks, token, iteration)
+        self.comm = comm
+        self.owned = owned
+        self.rank = comm.rank
+        self.size = comm.size
+        self.topic = topic
+        self.observed: list[tuple[str, int, float]] = []
+        self._t0 = time.perf_counter()
+
+    def local(self) -> list[tuple[int, dict[str, Any]]]:
+        """This worker's blocks: ``[(block index, {dataset name: block array})]``, in block order."""
+        return self.owned
+
+    def _call(self, func, args, kwargs, blocks: dict[str, Any]) -> Any:
+        resolved = [blocks.get(a.name) if isinstance(a, Blocks) else a for a in args]
+        return func(*resolved, **kwargs)
+
+    def map(self, func, *args, blocks=None, name=None, **kwargs):
+        if not any(isinstance(a, Blocks) for a in args):
+            raise ValueError("ctx.map needs at least one dataset argument (ctx.data[name])")
+        wanted = None if blocks is None else set(int(b) for b in blocks)
+        dev = _blocks.current_device()
+        own = []
+        for b, arrays in self.owned:
+            if wanted is not None and b not in wanted:
+                continue
+            t = time.perf_counter()
+            r = _blocks.to_host(dev.compute(self._call, func, args, kwargs, arrays))
+            nbytes = sum(int(getattr(arrays.get(a.name), "nbytes", 0) or 0) for a in args if isinstance(a, Blocks))
+            self.observed.append((name or _blocks_name(func), nbytes, time.perf_counter() - t))
+            own.append((b, r))
+        got = sorted((p for ps in self.comm.allgather(own) for p in ps), key=lambda p: p[0])
+        return [r for _, r in got]
+
+    def allgather(self, value):
+        return self.comm.allgather(value)
+
+    def checkpoint(self, state, **record):
+        now = time.perf_counter()
+        rec = self._record(record, now - self._t0)
+        self._t0 = now
+        # every rank reports (the client keeps the first of each iteration): when a worker dies, the
+        # survivors' checkpoints are not lost with it. Events must be msgpack-able: the state is pickled
+        if self.topic:
+            self.comm.worker.log_event(self.topic, {"checkpoint": pickle.dumps((self.iteration, state, rec),
+                                                                               protocol=5)})
+
+
+def _driver_on_worker(comm: Any, algorithm: IterativeAlgorithm, mine: list, names: list[str], nblocks: int,
+                      token: str, iteration: int, state: Any, topic: str | None) -> dict:
+    """One worker's task of the loop on the workers (``mine`` = ``[(block, [arrays by name])]``)."""
+    owned = [(b, dict(zip(names, arrays))) for b, arrays in mine]
+    ctx = _WorkersContext(comm, owned, names, nblocks, token, iteration, topic)
+    state = algorithm.run(state, ctx)
+    finals = None
+    spec = algorithm.final(state)
+    if spec is not None:
+        func, args, kwargs = spec
+        dev = _blocks.current_device()
+        finals = {b: _blocks.to_host(dev.compute(ctx._call, func, args, kwargs, arrays)) for b, arrays in owned}
+    return {"state": state, "finals": finals, "observed": ctx.observed, "iteration": ctx.iteration}
+
+
+# -- the engine ---------------------------------------------------------------------------------------
+def _client_or_none() -> Any:
+    try:
+        from distributed import default_client
+
+        return default_client()
+    except (ImportError, ValueError):
+        return None
+
+
+def _device_memory(client: Any) -> int:
+    specs = getattr(getattr(client, "cluster", None), "device_specs", None)
+    if specs:  # a LocalGPUCluster in this process knows its devices: no round trip
+        return sum(int(s.memory or 0) for s in specs)
+    from gdask import protocol
+
+    workers = client.scheduler_info(n_workers=-1)["workers"].values()
+    return sum(int((w.get("metrics", {}).get(protocol.METRIC_DEVICE) or {}).get("memory") or 0) for w in workers)
+
+
+def exceeds_devices(nbytes: int, client: Any = None, fraction: float = 0.8) -> bool:
+    """Whether ``nbytes`` of data take more than ``fraction`` of the client's devices' memory (then
+    loops stream their blocks through the window cache, one task per block)."""
+    client = client if client is not None else _client_or_none()
+    if client is None:
+        return False
+    total = _device_memory(client)
+    return total > 0 and nbytes > fraction * total
+
+
+def _persisted(data: dict[str, GDataSet | None]) -> dict[str, GDataSet | None]:
+    from gdask.gdataset._repr import persisted_futures
+
+    return {n: (g if g is None or persisted_futures(g) is not None else g.persist()) for n, g in data.items()}
+
+
+def run_loop(algorithm: IterativeAlgorithm, data: dict[str, GDataSet | None], state: Any, *,
+             client: Any = None, mode: str | None = None, progress: Progress | None = None) -> EngineResult:
+    """Run ``algorithm`` over ``data`` from ``state``; see the module's description.
+
+    Parameters
+    ----------
+    algorithm : IterativeAlgorithm
+    data : dict
+        ``{name: GDataSet or None}``, all blocked alike (the first is the reference). Persisted here
+        when a Client exists and they are not yet.
+    state : any
+        The driver's initial state (small host data).
+    client : distributed.Client, optional
+        Default: the current client; without one the loop runs with Dask's local scheduler.
+    mode : {"workers", "client", "stream"}, optional
+        Force a mode (default: the first of ``algorithm.modes`` the situation allows).
+    progress : Progress, optional
+        Receives every checkpoint record (in the calling thread); default: nothing shown.
+
+    Returns
+    -------
+    EngineResult
+
+    Raises
+    ------
+    ValueError
+        No dataset, datasets blocked differently, or a mode the algorithm does not allow.
+    """
+    datasets = {n: g for n, g in (data or {}).items()}
+    ref = next((g for g in datasets.values() if g is not None), None)
+    if ref is None and tuple(algorithm.modes) != ("client",):
+        raise ValueError("run_loop needs at least one GDataSet in data (only client-mode algorithms, which "
+                         "build their own graphs, run without)")
+    for n, g in datasets.items():
+        if g is not None and g.row_blocks != ref.row_blocks:
+            raise ValueError(f"dataset {n!r} is blocked differently from the others; block it with "
+                             f"block_rows=X.row_blocks")
+    if mode is not None and (mode not in MODES or mode not in algorithm.modes):
+        raise ValueError(f"mode must be one of {algorithm.modes} for {algorithm.name}, got {mode!r}")
+    client = client if client is not None else _client_or_none()
+    progress = progress or Progress(verbose=0)
+    token = uuid.uuid4().hex
+    history: list[dict] = []
+    last = {"iteration": 0, "state": state}
+
+    def record(st: Any, rec: dict) -> None:
+        last["iteration"], last["state"] = rec["iteration"], st
+        history.append(rec)
+        progress.update(rec)
+
+    streaming = False
+    groups = where = None
+    if client is not None and ref is not None:
+        datasets = _persisted(datasets)
+        streaming = exceeds_devices(sum(g.nbytes for g in datasets.values() if g is not None), client)
+        if not streaming:
+            from gdask.gdataset._repr import block_workers, groups_of
+
+            where = block_workers(next(g for g in datasets.values() if g is not None), client, wait_ready=True)
+            groups = groups_of(where, ref.nblocks)
+    if mode is None:
+        allowed = {"workers": client is not None and not streaming and groups is not None
+                   and bool(config.get("ml.worker-loop", True)),
+                   "stream": streaming, "client": not streaming or "stream" not in algorithm.modes}
+        mode = next((m for m in MODES if m in algorithm.modes and allowed[m]), None)
+        if mode is None:
+            mode = "client" if "client" in algorithm.modes else algorithm.modes[0]
+    restarts = 0
+    try:
+        if mode == "workers":
+            try:
+                res = _run_on_workers(algorithm, datasets, groups, where[0], client, token, last, record)
+                return EngineResult(res["state"], res["finals"], "workers", history, 0, res["iteration"])
+            except CollectiveError as e:
+                if "client" not in algorithm.modes:
+                    raise
+                restarts = 1
+                logger.warning("%s: the loop on the workers did not run to its end (%s); resuming from the "
+                               "client at iteration %d", algorithm.name, e, last["iteration"])
+                where = None
+                from gdask.gdataset._repr import block_workers, groups_of
+
+                where = block_workers(ref, client, wait_ready=True) if client is not None else None
+                groups = groups_of(where, ref.nblocks)
+                mode = "client"
+        max_restarts = int(config.get("engine.max-restarts", 3))
+        while True:
+            ctx = _ClientContext(datasets, groups, token, last["iteration"], record, stream=(mode == "stream"))
+            try:
+                st = algorithm.run(last["state"], ctx)
+                finals = None
+                spec = algorithm.final(st)
+                if spec is not None:
+                    func, args, kwargs = spec
+                    finals = ctx.map(func, *args, name=f"{algorithm.name}-final", **kwargs)
+                return EngineResult(st, finals, mode, history, restarts, ctx.iteration)
+            except _LOST_WORK as e:  # a worker died under a pass: the blocks come back from lineage
+                if client is None or restarts >= max_restarts:
+                    raise
+                restarts += 1
+                logger.warning("%s: a pass lost its work (%r); resuming at iteration %d (restart %d of %d)",
+                               algorithm.name, e, last["iteration"], restarts, max_restarts)
+                if ref is not None and mode == "client":
+                    from gdask.gdataset._repr import block_workers, groups_of
+
+                    groups = groups_of(block_workers(ref, client, wait_ready=True), ref.nblocks)
+    finally:
+        progress.close()
+        _drop_state(client, token)
+
+
+def _run_on_workers(algorithm: IterativeAlgorithm, datasets: dict, groups: list[list[int]],
+                    workers: dict[int, str], client: Any, token: str, last: dict,
+                    record: Callable[[Any, dict], None]) -> dict:
+    """The loop on the workers: one task per worker holding blocks; checkpoints come back as events
+    and are handed to ``record`` in this thread. Raises CollectiveError when it could not finish."""
+    names = list(datasets)
+    peers = sorted({workers[g[0]] for g in groups})
+    mine: dict[str, list] = {a: [] for a in peers}
+    for g in groups:
+        for b in g:
+            mine[workers[g[0]]].append((b, [None if datasets[n] is None else datasets[n].block(b) for n in names]))
+    for a in peers:
+        mine[a].sort(key=lambda p: p[0])
+    topic = f"gdask-loop-{token}"
+    events: queue.Queue = queue.Queue()
+    client.subscribe_topic(topic, lambda event: events.put(pickle.loads(event[1]["checkpoint"])))
+    seen = {"iteration": last["iteration"]}
+
+    def drain() -> None:
+        while True:
+            try:
+                it, st, rec = events.get_nowait()
+            except queue.Empty:
+                return
+            if it > seen["iteration"]:  # in order, once each
+                seen["iteration"] = it
+                record(st, rec)
+
+    try:
+        results = run_on_workers(client, _driver_on_worker, peers,
+                                 [(algorithm, mine[a], names, datasets[names[0]].nblocks if datasets[names[0]]
+                                   is not None else len(workers), token, last["iteration"], last["state"], topic)
+                                  for a in peers],
+                                 name=algorithm.name, on_poll=drain)
+    finally:
+        client.unsubscribe_topic(topic)
+    drain()
+    r0 = results[0]
+    # records the events did not bring in time (the driver's own count is authoritative)
+    if r0["iteration"] > seen["iteration"]:
+        for it in range(seen["iteration"] + 1, r0["iteration"] + 1):
+            record(r0["state"], {"iteration": it, "mode": "workers"})
+    finals = None
+    if r0["finals"] is not None:
+        merged = {b: v for r in results for b, v in r["finals"].items()}
+        finals = [merged[b] for b in sorted(merged)]
+    try:
+        from gdask.scheduling import report_work
+
+        report_work(client, [(kind, nbytes, addr, sec) for addr, r in zip(peers, results)
+                             for kind, nbytes, sec in r["observed"]])
+    except Exception as e:  # noqa: BLE001 - the fit is done: a scheduler that cannot take this loses nothing
+        logger.debug("could not report the passes' durations to the placement plugin: %r", e)
+    return {"state": r0["state"], "finals": finals, "iteration": r0["iteration"]}
+
+
+def _drop_on_worker(token: str, dask_worker: Any = None) -> bool:
+    from gdask.devices import context
+
+    return context(dask_worker).state.drop(token)
+
+
+def _drop_state(client: Any, token: str) -> None:
+    """Forget the fit's per-worker state here and, without waiting, on every worker."""
+    from gdask.devices import context
+
+    context().state.drop(token)
+    if client is None:
+        return
+    try:  # on the client's event loop, so the caller does not wait for the broadcast's round trip
+        client.loop.add_callback(_drop_everywhere, client, token)
+    except (AttributeError, RuntimeError) as e:  # a client without a running loop (closing)
+        logger.debug("could not drop the state of loop %s on the workers: %r", token, e)
+
+
+async def _drop_everywhere(client: Any, token: str) -> None:
+    try:
+        await client._run(_drop_async, token, wait=False, on_error="ignore")
+    except Exception as e:  # noqa: BLE001 - the client closed meanwhile: the states go with the workers
+        logger.debug("could not drop the state of loop %s on the workers: %r", token, e)
+
+
+async def _drop_async(token: str, dask_worker: Any = None) -> bool:
+    return _drop_on_worker(token, dask_worker)
+
+
+def as_host(x: Any) -> np.ndarray:
+    """A host NumPy array of a block result (NumPy, CuPy, strict arrays)."""
+    return _blocks.to_numpy(x)
