@@ -61,7 +61,7 @@ def _set_cuda_speeds(speeds):
 
 def synthetic_chunk(blk, row_cost, it):
     _spin(blk, row_cost)
-    from gdask.gdataset._blocks import to_numpy
+    from gdask.devices import to_numpy
 
     return to_numpy(blk.sum(axis=0, dtype=np.float64)) * 0 + blk.shape[0] + it * 0
 
@@ -115,7 +115,7 @@ def run(placement: bool, args, data: np.ndarray, init: np.ndarray) -> dict:
     from distributed import Client, wait
 
     import gdask
-    from gdask.gdataset._repr import block_workers
+    from gdask.gdataset import block_workers
 
     speeds = [float(s) for s in args.speeds.split(",")]
     out: dict = {}

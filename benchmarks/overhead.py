@@ -40,7 +40,7 @@ def _tiny(client, n):
 
 
 def _gdataset(client, X, expected):
-    from gdask.gdataset._blocks import to_numpy
+    from gdask.devices import to_numpy
 
     t0 = time.perf_counter()
     out = X.sum(axis=0).compute()

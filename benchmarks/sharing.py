@@ -60,7 +60,7 @@ BLOCKS = 2  # blocks per job (their kernels run at once on the job's device)
 
 def job_chunk(blk, it, work, compute, bandwidth):
     """One block's device kernel: ``work`` seconds at full speed alone, demand (compute, bandwidth)."""
-    from gdask._devices import current_device
+    from gdask.devices import current_device
     from gdask.scheduling import current_job
 
     current_device().kernel(work, compute, bandwidth, job=current_job())

@@ -88,7 +88,7 @@ def make_block(i, rows, cols, backend):
     rng = np.random.default_rng(i)
     x = rng.standard_normal((rows, cols), dtype=np.float32)
     if backend == "cuda":
-        from gdask._devices import current_device
+        from gdask.devices import current_device
 
         return current_device().asarray(x)
     return x
@@ -107,8 +107,8 @@ def cuda_kernel(block, repeat=8):
 def run(args) -> dict:
     from distributed import Client, LocalCluster
 
-    from gdask._devices import make_specs
-    from gdask._worker import DeviceSetup
+    from gdask.devices import make_specs
+    from gdask.scheduling import DeviceSetup
     from gdask.scheduling import StreamController
 
     spec = make_specs(1, backend=args.backend, streams=1)[0]

@@ -1,12 +1,15 @@
-"""``gdask`` command line: ``gdask demo``, ``gdask info``, ``gdask bench kmeans``."""
+"""``gdask`` command line: ``gdask demo``, ``gdask info``, ``gdask worker``, ``gdask bench kmeans``."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import runpy
 import sys
 import time
 from pathlib import Path
+
+from gdask import NoDeviceError
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -14,7 +17,7 @@ def _demo(args: argparse.Namespace) -> int:
     from distributed import Client
 
     import gdask
-    from gdask.ml._kmeans import KMeans
+    from gdask.ml import KMeans
 
     rng = np.random.default_rng(0)
     n, d, k = args.rows, args.features, args.clusters
@@ -50,23 +53,48 @@ def _demo(args: argparse.Namespace) -> int:
 def _info(args: argparse.Namespace) -> int:
     from gdask._info import format_info, info
 
-    print(format_info(info(args.backend)))
+    try:
+        print(format_info(info(args.backend)))
+    except (NoDeviceError, ValueError) as e:  # e.g. --backend cuda on a machine without a usable GPU
+        print(f"gdask info: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
+def benchmarks_dir() -> Path | None:
+    """Where the benchmark scripts are: ``GDASK_BENCHMARKS``, the source checkout of an editable
+    install, or ``./benchmarks`` (a regular install does not ship them)."""
+    candidates = [os.environ.get("GDASK_BENCHMARKS"), Path(__file__).resolve().parent.parent / "benchmarks",
+                  Path.cwd() / "benchmarks"]
+    for c in candidates:
+        if c and (Path(c) / "kmeans.py").exists():
+            return Path(c)
+    return None
+
+
 def _bench(args: argparse.Namespace, rest: list[str]) -> int:
-    root = Path(__file__).resolve().parent.parent / "benchmarks"
+    root = benchmarks_dir()
+    if root is None:
+        print("gdask bench: the benchmark scripts are not part of an installed gdask; they are in the source "
+              "repository's benchmarks/ folder. Run gdask bench from a checkout (or set GDASK_BENCHMARKS to that "
+              "folder).", file=sys.stderr)
+        return 2
     script = root / f"{args.name}.py"
     if not script.exists():
-        print(f"no benchmark {args.name!r}; available: {sorted(p.stem for p in root.glob('*.py'))}", file=sys.stderr)
+        names = sorted(p.stem for p in root.glob("*.py") if not p.stem.startswith("_"))
+        print(f"no benchmark {args.name!r} in {root}; available: {names}", file=sys.stderr)
         return 2
     sys.argv = [str(script), *rest]
+    sys.path.insert(0, str(root))
     runpy.run_path(str(script), run_name="__main__")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    from gdask import __version__
+
     p = argparse.ArgumentParser(prog="gdask", description="gdask: iterative ML loops on GPUs with Dask")
+    p.add_argument("--version", action="version", version=f"gdask {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="run K-means on built-in synthetic data on a LocalGPUCluster")
     d.add_argument("--rows", type=int, default=1_000_000)
@@ -74,9 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--clusters", type=int, default=16)
     d.add_argument("--iterations", type=int, default=10)
     d.add_argument("--devices", type=int, default=None)
-    d.add_argument("--backend", default="auto", choices=["auto", "cuda", "emulated"])
+    d.add_argument("--backend", default="auto", choices=["auto", "cuda", "emulated", "emulated-strict"])
     i = sub.add_parser("info", help="show the devices gdask finds and why CUDA is or is not used")
-    i.add_argument("--backend", default=None, choices=["auto", "cuda", "emulated"])
+    i.add_argument("--backend", default=None, choices=["auto", "cuda", "emulated", "emulated-strict"])
+    from gdask import _worker_cli
+
+    w = sub.add_parser("worker", help="start one Dask worker per device of this node (like dask cuda worker)",
+                       description=(_worker_cli.__doc__ or "").split("\n\n")[0])
+    _worker_cli.add_arguments(w)
     b = sub.add_parser("bench", help="run a benchmark from benchmarks/ (e.g. gdask bench kmeans --json out.json)")
     b.add_argument("name")
     args, rest = p.parse_known_args(argv)
@@ -84,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         return _bench(args, rest)
     if rest:
         p.error(f"unrecognized arguments: {' '.join(rest)}")
-    return {"demo": _demo, "info": _info}[args.cmd](args)
+    return {"demo": _demo, "info": _info, "worker": _worker_cli.main}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -230,7 +230,7 @@ def run_on_workers(client: Any, func: Callable[..., Any], peers: Sequence[str], 
 
     from gdask.scheduling import ensure_plugins
 
-    ensure_plugins(client, extra=(CollectivePlugin(),))
+    ensure_plugins(client, extra=(CollectivePlugin(),), standard=False)
     start_timeout = float(config.get("collective.start-timeout", 10))
     timeout = config.get("collective.timeout", 600)
     timeout = None if timeout is None else float(timeout)

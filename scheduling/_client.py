@@ -57,20 +57,22 @@ def _cluster_has(names: list[str], dask_scheduler: Any = None) -> dict[str, bool
     wplugins = getattr(dask_scheduler, "worker_plugins", {}) or {}
     for name in names:
         out[name] = name in dask_scheduler.plugins or name in wplugins
-    if not out.get(protocol.PLUGIN_DEVICE, True):
-        # workers started with the device plugin (LocalGPUCluster, gdask worker, the preload) report a
-        # device; registering it again would replace theirs (a worker tears down a plugin it is sent
-        # again), so it is only added to clusters where no worker has one
-        out[protocol.PLUGIN_DEVICE] = any((ws.metrics or {}).get(protocol.METRIC_DEVICE)
-                                          for ws in dask_scheduler.workers.values())
+    # workers started with gdask's worker plugins (LocalGPUCluster, gdask worker, the preload) report a
+    # device; registering those plugins again would replace theirs (a worker tears down a plugin it is
+    # sent again), so they are only added to clusters where no worker has them
+    started = any((ws.metrics or {}).get(protocol.METRIC_DEVICE) for ws in dask_scheduler.workers.values())
+    for name in (protocol.PLUGIN_DEVICE, protocol.PLUGIN_JOB_MONITOR):
+        if name in out and not out[name]:
+            out[name] = started
     return out
 
 
-def ensure_plugins(client: Any, extra: tuple = ()) -> None:
+def ensure_plugins(client: Any, extra: tuple = (), *, standard: bool = True) -> None:
     """Install gdask's plugins on ``client``'s cluster where they are missing: placement and jobs on
     the scheduler, a device (made from config: CUDA where available, else emulated) and the job
     monitor on every worker, plus the plugin objects in ``extra`` (e.g. the collective mailboxes of
-    loops on the workers). One round trip the first time per client and plugin set, none after.
+    loops on the workers; ``standard=False``: only those). One round trip the first time per client
+    and plugin set, none after.
 
     ``LocalGPUCluster``, ``gdask worker`` and ``--preload gdask.scheduling`` install them already; on
     any other Dask cluster the first gdask call that needs them does this.
@@ -80,8 +82,10 @@ def ensure_plugins(client: Any, extra: tuple = ()) -> None:
     from gdask.scheduling._worker import DeviceSetup
     from gdask.scheduling._worker_jobs import JobMonitor
 
-    wanted = {protocol.PLUGIN_PLACEMENT: GPUPlacement, protocol.PLUGIN_JOBS: JobScheduler,
-              protocol.PLUGIN_DEVICE: DeviceSetup, protocol.PLUGIN_JOB_MONITOR: JobMonitor}
+    wanted: dict[str, Any] = {}
+    if standard:
+        wanted = {protocol.PLUGIN_PLACEMENT: GPUPlacement, protocol.PLUGIN_JOBS: JobScheduler,
+                  protocol.PLUGIN_DEVICE: DeviceSetup, protocol.PLUGIN_JOB_MONITOR: JobMonitor}
     wanted.update({p.name: p for p in extra})
     with _installed_lock:
         done = _installed.setdefault(client, set())
@@ -93,7 +97,32 @@ def ensure_plugins(client: Any, extra: tuple = ()) -> None:
             if not have.get(name):
                 make = wanted[name]
                 client.register_plugin(make() if isinstance(make, type) else make, name=name)
+                if name == protocol.PLUGIN_DEVICE:
+                    _wait_for_devices(client)
             done.add(name)
+
+
+def _devices_reported(dask_scheduler: Any = None) -> bool:
+    return all((ws.metrics or {}).get(protocol.METRIC_DEVICE) for ws in dask_scheduler.workers.values())
+
+
+def _wait_for_devices(client: Any) -> None:
+    """Wait (at most config ``gdask.plugins.timeout`` seconds) until every worker's heartbeat has
+    reported the device it was just given, so tables and placement see it at once."""
+    import time
+
+    from gdask import config
+
+    timeout = float(config.get("plugins.timeout", 10))
+    deadline = time.monotonic() + timeout
+    while not client.run_on_scheduler(_devices_reported):
+        if time.monotonic() > deadline:
+            import logging
+
+            logging.getLogger("gdask.scheduling").warning(
+                "gdask: not every worker reported its new device within %g s (gdask.plugins.timeout)", timeout)
+            return
+        time.sleep(0.1)
 
 
 #: jobs opened in this context (thread, task), innermost last
@@ -265,11 +294,16 @@ def jobs(client: Any = None) -> Any:
 def report_work(client: Any, records: list[tuple[str, float, str, float]]) -> bool:
     """Tell the placement plugin about device work that ran inside longer tasks, as
     ``(kind, input bytes, worker address, seconds)`` records (what those tasks' durations would
-    have been): a loop on the workers runs every iteration's block work in one task. Installs the
-    plugins first where they are missing."""
+    have been): a loop on the workers runs every iteration's block work in one task. False when the
+    scheduler has no placement plugin (asked once per client)."""
     if not records:
         return False
-    ensure_plugins(client)
+    with _installed_lock:
+        done = _installed.setdefault(client, set())
+        if protocol.PLUGIN_PLACEMENT not in done:
+            if not client.run_on_scheduler(_cluster_has, [protocol.PLUGIN_PLACEMENT])[protocol.PLUGIN_PLACEMENT]:
+                return False  # a cluster without gdask's placement: nothing learns from durations
+            done.add(protocol.PLUGIN_PLACEMENT)
     client.sync(getattr(client.scheduler, protocol.HANDLER_OBSERVE), records=[list(r) for r in records])
     return True
 

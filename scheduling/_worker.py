@@ -22,6 +22,8 @@ from gdask import config, protocol
 from gdask.devices import DeviceSpec, StateSpaces, make_device, make_specs, parse_size
 
 logger = logging.getLogger("gdask")
+#: the worker's own log (configured by distributed in every worker process): one line about its device
+worker_log = logging.getLogger("distributed.worker.gdask")
 
 __all__ = ["DeviceReporter", "DeviceSetup", "StreamSettings", "add_metrics", "device_info", "install_stream_executor",
            "parse_pool_size", "stream_settings"]
@@ -208,9 +210,11 @@ class DeviceSetup(WorkerPlugin):
         return max((st.nthreads for st in self.streams.values()), default=1)
 
     def spec_for(self, worker: Any) -> DeviceSpec | None:
-        """The device spec of ``worker`` (made from config when no specs were given)."""
+        """The device spec of ``worker``. Without specs, one device made from config, with as many
+        streams as the worker has threads (at least config ``gdask.device.streams``)."""
         if self.specs is None:
-            return make_specs(1)[0]
+            streams = max(int(config.get("device.streams", 1)), int(worker.state.nthreads))
+            return make_specs(1, streams=streams)[0]
         return self.specs.get(str(worker.name))
 
     def setup(self, worker: Any) -> None:
@@ -226,6 +230,7 @@ class DeviceSetup(WorkerPlugin):
             device.allocator = pool = setup_rmm_pool(parse_pool_size(self.rmm_pool_size, spec.memory), spec.memory)
         self.device = device
         self.worker = worker
+        worker.gdask_device = device  # a shortcut for client.run(lambda dask_worker: ...) scripts
         settings = self.streams.get(str(worker.name)) or stream_settings(spec, **self._stream_kw)
         if settings.executor:
             install_stream_executor(worker, device, settings)
@@ -241,7 +246,7 @@ class DeviceSetup(WorkerPlugin):
         streams = (f"{settings.streams} stream(s)" + (f", adaptive up to {settings.max_streams}" if settings.adaptive
                                                        else "")) if settings.executor else "no stream executor"
         store = type(worker.data).__name__
-        logger.info("gdask: worker %s owns %s device %d (%s), memory %s, %s, %s, data store %s", worker.name,
+        worker_log.info("gdask: worker %s owns %s device %d (%s), memory %s, %s, %s, data store %s", worker.name,
                     spec.backend, spec.index, spec.name, format_bytes(spec.memory), pool, streams, store)
 
     def teardown(self, worker: Any) -> None:

@@ -9,6 +9,7 @@ allocation that does not fit, on any backend, asks them for room and is retried 
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any, Callable, TypeVar
 
 from dask.utils import format_bytes
@@ -24,24 +25,33 @@ class DeviceBase:
     """Reclaimers and the allocate-or-make-room-and-retry rule, shared by all backends."""
 
     def __init__(self) -> None:
-        self._reclaimers: list[Callable[[int, Any], int]] = []
+        self._reclaimers: list[Any] = []  # weak references: a reclaimer does not keep its owner alive
         self._reclaim_lock = threading.Lock()
 
     # -- reclaimers ----------------------------------------------------------------------------------
+    @staticmethod
+    def _ref(func: Callable) -> Any:
+        return weakref.WeakMethod(func) if hasattr(func, "__self__") else weakref.ref(func)
+
     def add_reclaimer(self, func: Callable[[int, Any], int]) -> None:
-        """Let ``func(nbytes, device)`` free device memory when an allocation does not fit."""
+        """Let ``func(nbytes, device)`` free device memory when an allocation does not fit. Held
+        weakly: a window store that is dropped stops being asked."""
         with self._reclaim_lock:
-            if func not in self._reclaimers:
-                self._reclaimers = [*self._reclaimers, func]
+            if func not in self.reclaimers():
+                self._reclaimers = [*self._reclaimers, self._ref(func)]
 
     def remove_reclaimer(self, func: Callable[[int, Any], int]) -> None:
         with self._reclaim_lock:
-            self._reclaimers = [f for f in self._reclaimers if f != func]
+            self._reclaimers = [r for r in self._reclaimers if r() is not None and r() != func]
+
+    def reclaimers(self) -> list[Callable[[int, Any], int]]:
+        """The reclaimers still alive, in the order they were added."""
+        return [f for f in (r() for r in self._reclaimers) if f is not None]
 
     def reclaim(self, nbytes: int) -> int:
         """Ask the reclaimers to free ``nbytes`` of this device; the bytes they freed."""
         freed = 0
-        for func in self._reclaimers:
+        for func in self.reclaimers():
             if freed >= nbytes:
                 break
             freed += int(func(nbytes - freed, self) or 0)

@@ -113,12 +113,16 @@ class _LogisticLoop(IterativeAlgorithm):
     def _w(self, ctx: LoopContext) -> Any:
         return ctx.data["W"] if self.weighted else None
 
-    def objective(self, ctx: LoopContext, x: np.ndarray) -> tuple[float, np.ndarray]:
+    def objective(self, ctx: LoopContext, x: np.ndarray, passes: list) -> tuple[float, np.ndarray]:
+        """The objective and its gradient at ``x``: one pass over the blocks (its seconds appended to
+        ``passes``)."""
         L = self.layout
         coef, intercept = L.unpack(x)
+        t0 = time.perf_counter()
         parts = ctx.map(_k.loss_grad, ctx.data["X"], ctx.data["Y"], np.ascontiguousarray(coef, dtype=np.float64),
                         np.asarray(intercept, dtype=np.float64), self._w(ctx), self.class_w,
                         name="logreg-loss-grad")
+        passes.append(time.perf_counter() - t0)
         loss, gc, gi = _k.loss_grad_combine(parts)
         f = loss / self.sw_sum + 0.5 * self.l2 * float((coef * coef).sum())
         gc = gc / self.sw_sum + self.l2 * coef
@@ -136,15 +140,16 @@ class _LogisticLoop(IterativeAlgorithm):
         from scipy.optimize import minimize
 
         last: dict[str, Any] = {}
+        passes = list(state.get("passes", ()))
 
         def fun(x):
-            f, g = self.objective(ctx, x)
+            f, g = self.objective(ctx, x, passes)
             last["f"], last["g"] = f, g
             return f, g
 
         def callback(xk):
             f, g = last["f"], last["g"]
-            ctx.checkpoint({**state, "x": np.array(xk, copy=True)}, loss=f, grad_max=float(np.abs(g).max()),
+            ctx.checkpoint({**state, "x": np.array(xk, copy=True), "passes": list(passes)}, loss=f, grad_max=float(np.abs(g).max()),
                            line=f"iteration {ctx.iteration + 1}: loss {f:.10g}, max |gradient| "
                                 f"{np.abs(g).max():.3g}")
 
@@ -153,11 +158,12 @@ class _LogisticLoop(IterativeAlgorithm):
             return {**state, "status": 1, "message": "max_iter reached"}
         res = minimize(fun, state["x"], method="L-BFGS-B", jac=True, callback=callback,
                        options={"maxiter": left, "maxls": 50, "gtol": self.tol, "ftol": 64 * np.finfo(float).eps})
-        return {**state, "x": res.x, "status": int(res.status), "message": str(res.message)}
+        return {**state, "x": res.x, "status": int(res.status), "message": str(res.message), "passes": passes}
 
-    def _preconditioner(self, ctx: LoopContext):
+    def _preconditioner(self, ctx: LoopContext, passes: list):
         """``g -> B^-1 g`` for the Hessian bound ``B`` (one pass over the data)."""
         L = self.layout
+        t0 = time.perf_counter()
         curv = 0.25 if L.K == 1 else 0.5  # largest Hessian eigenvalue of the binomial / softmax loss
         pen = np.ones(L.n_dof)
         if L.fit_intercept:
@@ -166,6 +172,7 @@ class _LogisticLoop(IterativeAlgorithm):
         chunk = _k.gram if small else _k.sq_norms
         H = sum_parts(ctx.map(chunk, ctx.data["X"], self._w(ctx), self.class_w, ctx.data["Y"],
                               name="logreg-gram")) / self.sw_sum
+        passes.append(time.perf_counter() - t0)
         if not np.all(np.isfinite(H)):
             raise _NotFinite("X is too large in magnitude for gradient descent")
         if not small:  # H = trace of the Gram matrix: a bound on its largest eigenvalue
@@ -194,14 +201,15 @@ class _LogisticLoop(IterativeAlgorithm):
         at the start computes the weighted Gram matrix (above ``gram_max_features`` features only
         its trace, and the step becomes the plain ``g / L``); then each iteration is one pass.
         """
-        precond = self._preconditioner(ctx)
+        passes = list(state.get("passes", ()))
+        precond = self._preconditioner(ctx, passes)
         x = state["x"].copy()
         z = state.get("z", x).copy()
         t = float(state.get("t", 1.0))
         while ctx.iteration < self.max_iter:
-            f, g = self.objective(ctx, z)
+            f, g = self.objective(ctx, z, passes)
             if np.abs(g).max() <= self.tol:
-                return {**state, "x": z, "status": 0, "message": "converged"}
+                return {**state, "x": z, "status": 0, "message": "converged", "passes": passes}
             x_new = z - precond(g)
             if g @ (x_new - x) > 0:  # momentum points uphill: restart
                 t = 1.0
@@ -211,9 +219,9 @@ class _LogisticLoop(IterativeAlgorithm):
                 z = x_new + ((t - 1) / t_new) * (x_new - x)
                 t = t_new
             x = x_new
-            ctx.checkpoint({**state, "x": x, "z": z, "t": t}, loss=f, grad_max=float(np.abs(g).max()),
+            ctx.checkpoint({**state, "x": x, "z": z, "t": t, "passes": list(passes)}, loss=f, grad_max=float(np.abs(g).max()),
                            line=f"iteration {ctx.iteration + 1}: loss {f:.10g}, max |gradient| {np.abs(g).max():.3g}")
-        return {**state, "x": x, "status": 1, "message": "max_iter reached"}
+        return {**state, "x": x, "status": 1, "message": "max_iter reached", "passes": passes}
 
 
 class LogisticRegression(ClassifierMixin, BaseEstimator):
@@ -286,7 +294,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
     n_features_in_ : int
     feature_names_in_ : ndarray of str, when X has feature names
     pass_times_ : list of float
-        Seconds per iteration.
+        Seconds per pass over the data (one loss-and-gradient evaluation, or the Gram pass of gd).
     history_ : list of dict
         The per-iteration records (as given to ``callback``).
     fit_mode_ : str
@@ -337,8 +345,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
         if isinstance(self.tol, bool) or not isinstance(self.tol, numbers.Real) or not self.tol >= 0:
             raise ValueError(f"tol must be a non-negative float, got {self.tol!r}")
         if self.solver not in _SOLVERS:
-            raise ValueError(f"solver {self.solver!r} is not supported by gdask's LogisticRegression; supported "
-                             f"solvers: {_SOLVERS}")
+            raise ValueError(f"solver must be one of {_SOLVERS} (the solvers gdask supports), got {self.solver!r}")
         if self.penalty not in ("l2", None, "deprecated"):
             raise ValueError(f"penalty {self.penalty!r} is not supported; supported: 'l2' and None (no penalty)")
         if self.l1_ratio not in (None, 0, 0.0):
@@ -530,7 +537,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
         self.n_iter_ = np.array([min(res.iterations, self.max_iter)], dtype=np.int32)
         self.history_ = res.history
         self.fit_mode_ = res.mode
-        self.pass_times_ = [r["seconds"] for r in res.history]
+        self.pass_times_ = list(res.state.get("passes", ()))
         return self
 
     def _initial(self, layout: _Layout) -> np.ndarray:

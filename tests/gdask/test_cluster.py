@@ -3,7 +3,7 @@ import pytest
 from distributed import Client
 
 import gdask
-from gdask._worker import device_info
+from gdask.scheduling import device_info
 
 
 def test_cluster_one_worker_per_device_and_clean_shutdown():

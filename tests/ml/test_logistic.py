@@ -144,19 +144,27 @@ def test_with_client_matches_local(client):
 
 
 def test_one_task_per_worker_thread_per_pass(client):
-    """Each loss/gradient pass is one task per worker thread holding blocks (not one per block)."""
+    """From the client each loss/gradient pass is one task per worker thread holding blocks (not one
+    per block); on the workers (the default) a pass is no task at all."""
+    import dask
+
     X, y = _data(2, n=2000)
     G = gdask.from_array(X, block_rows=100).persist()  # 20 blocks
     groups = G.block_groups(client)
     assert len(groups) <= sum(client.nthreads().values()) < G.nblocks
     before = _loss_tasks_done(client)
-    clf = LogisticRegression().fit(G, y)
+    with dask.config.set({"gdask.ml.worker-loop": False}):
+        clf = LogisticRegression().fit(G, y)
+    assert clf.fit_mode_ == "client"
     assert _loss_tasks_done(client) - before == len(clf.pass_times_) * len(groups)
+    on_workers = LogisticRegression().fit(G, y)
+    assert on_workers.fit_mode_ == "workers" and _loss_tasks_done(client) - before == len(clf.pass_times_) * len(groups)
+    np.testing.assert_array_equal(on_workers.coef_, clf.coef_)  # the same bits either way
 
 
 def _loss_tasks_done(client) -> int:
     def count(dask_scheduler):
-        tp = dask_scheduler.task_prefixes.get("logreg-loss-grad-partial")
+        tp = dask_scheduler.task_prefixes.get("logreg-loss-grad")
         return 0 if tp is None else tp.state_counts["memory"]
 
     return client.run_on_scheduler(count)

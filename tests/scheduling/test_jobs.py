@@ -14,14 +14,14 @@ from gdask.scheduling import JobProfile, ShareError, current_job, jobs
 
 
 def emulated_kernel(i, work, compute, bandwidth):
-    from gdask._devices import current_device
+    from gdask.devices import current_device
 
     current_device().kernel(work, compute, bandwidth, job=current_job())
     return current_job()
 
 
 def chunk(blk, it, work, compute, bandwidth):
-    from gdask._devices import current_device
+    from gdask.devices import current_device
 
     current_device().kernel(work, compute, bandwidth, job=current_job())
     return np.array([float(blk.shape[0])])

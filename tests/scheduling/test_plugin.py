@@ -139,8 +139,12 @@ def test_worker_preload_gives_a_device_and_reports_it():
     async def main():
         async with Scheduler(dashboard_address=":0", preload=["gdask.scheduling"]) as s, \
                 Worker(s.address, preload=["gdask.scheduling"], name=0) as w:
-            assert getattr(w, "gdask_device", None) is not None
-            assert isinstance(w.plugins.get(JobMonitor.name), JobMonitor) and "gdask-device-reporter" in w.plugins
+            from gdask.devices import context
+            from gdask.window_cache import WindowStore
+
+            assert context(w).device is w.plugins["gdask-device"].device is not None
+            assert isinstance(w.plugins.get(JobMonitor.name), JobMonitor)
+            assert isinstance(w.data, WindowStore) and w.data.tier is not None  # the window store, on the device
             await w.heartbeat()
             assert s.workers[w.address].metrics.get("gdask_device", {}).get("memory", 0) > 0
 

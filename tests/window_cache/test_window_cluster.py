@@ -70,7 +70,7 @@ def test_kmeans_steps_on_data_twice_the_device_memory(wclient):
     assert s["host_reads"] == 0, summary
     m = wclient.run(_metrics)
     assert all(v["policy"] == "FurthestInFuture" and v["reads"] > 0 for v in m.values())
-    peak = wclient.run(lambda dask_worker: dask_worker.gdask_device.pool.peak)
+    peak = wclient.run(lambda dask_worker: dask_worker.plugins["gdask-device"].device.pool.peak)
     assert all(p <= 4 * 2**20 for p in peak.values())
 
 
@@ -86,17 +86,19 @@ def test_gdask_kmeans_streams_blocks_through_the_window(wclient):
     from distributed import wait
 
     import gdask
-    from gdask.ml import KMeans, _kmeans
+    from gdask.gdataset import exceeds_devices
+    from gdask.ml import KMeans
 
     rng = np.random.default_rng(1)
     X = np.concatenate([rng.standard_normal((16 * 2048, 16)), rng.standard_normal((16 * 2048, 16)) + 4])
     X = np.concatenate([X, X + 8]).astype(np.float32)  # 8 MiB = 2 x the 2 devices' 4 MiB, 128 KiB blocks
     G = gdask.from_array(X, block_rows=2048).persist()
     wait(G)
-    assert _kmeans._exceeds_devices(G)
+    assert exceeds_devices(G.nbytes)
     stats(wclient, reset=True)
     init = X[rng.choice(len(X), 4, replace=False)]
     km = KMeans(4, init=init, max_iter=6, tol=0).fit(G)
+    assert km.fit_mode_ == "stream"
     s = stats(wclient)
     assert s["hits"] + s.get("prefetch_hits", 0) > 0 and s["bytes_h2d"] > 0  # blocks came through the window
     from gdask.ml._kernels import assign, lloyd_combine, lloyd_partial
@@ -111,4 +113,4 @@ def test_gdask_kmeans_streams_blocks_through_the_window(wclient):
         c = new.astype(np.float32)
     np.testing.assert_allclose(km.cluster_centers_, c, rtol=1e-5, atol=1e-5)
     labels = np.concatenate([assign(b, c)[0] for b in blocks])
-    assert (km.labels_ == labels).mean() > 0.999
+    assert (km.labels_.compute() == labels).mean() > 0.999

@@ -50,10 +50,7 @@ def test_plain_values_and_managed_blocks():
     assert dev.pool.used == 0
 
 
-def test_without_a_device_everything_is_plain(monkeypatch):
-    from gdask import _devices
-
-    monkeypatch.setattr(_devices, "_current", None)
+def test_without_a_device_everything_is_plain():
     s = WindowStore()
     s["k"] = np.ones(100)
     assert s.tier is None and s.state("k") is None and s.metrics()["plain_keys"] == 1
@@ -272,17 +269,15 @@ def test_prefetch_thread_ends_with_its_store():
     assert not t.is_alive()
 
 
-def test_binds_the_process_device_lazily_and_reads_config(monkeypatch):
+def test_binds_the_worker_device_when_attached_and_reads_config():
     import dask
 
-    from gdask import _devices
-
-    monkeypatch.setattr(_devices, "_current", None)
     with dask.config.set({"gdask.window-cache.policy": "lru", "gdask.window-cache.reserve": "512KiB"}):
         s = WindowStore()
-    s["early"] = np.ones(10)  # before the worker plugin set the device up: plain
+    s["early"] = np.ones(10)  # before the worker's device plugin attached the device: plain
     dev = device()
-    monkeypatch.setattr(_devices, "_current", dev)
+    s.attach_device(dev)  # what the device plugin does at setup
+    assert dev.reclaimers() == [s._reclaim]  # the device may ask it for room
     s["b"] = dev.asarray(np.ones(BLOCK, np.float32))
     assert s.state("b") is State.DEVICE and s.state("early") is None
     assert s.metrics()["policy"] == "LRU"
