@@ -125,7 +125,8 @@ class LocalGPUCluster(LocalCluster):
         dev = self._spec_by_name[name]
         env = dict(spec["options"].get("env") or {})
         if dev.backend == "cuda":
-            env["CUDA_VISIBLE_DEVICES"] = str(dev.physical)
+            env["CUDA_VISIBLE_DEVICES"] = str(dev.physical)  # an NVML index: CUDA numbers GPUs alike
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"           # only in PCI bus order
         spec["options"]["env"] = env
         plugins = set(spec["options"].get("plugins") or ())
         plugins.add(self._device_plugin)

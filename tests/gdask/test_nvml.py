@@ -3,6 +3,7 @@ and the ``nvidia-smi topo -m`` parser against recorded outputs (``tests/gdask/da
 
 from __future__ import annotations
 
+import importlib.machinery
 import pathlib
 import sys
 import types
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from gdask import GDaskWarning, NoDeviceError
-from gdask._devices import _nvml
+from gdask._devices import _nvml, discover, make_specs
 from gdask.scheduling._topology import Topology, link_rank, parse_nvidia_smi_topo
 
 DATA = pathlib.Path(__file__).parent / "data"
@@ -386,6 +387,24 @@ def test_ordinals_without_pci_bus_order_warn_on_mixed_gpus(install):
         warnings.simplefilter("error")
         assert _nvml.visible_device(env("1"))["index"] == 1  # PCI_BUS_ID order
         assert _nvml.visible_device(env(uuid(1, "a0a0"), order=None))["index"] == 3  # UUIDs are unambiguous
+
+
+def test_devices_of_a_plain_dask_worker_follow_cuda_visible_devices(install, monkeypatch):
+    # `dask worker --preload gdask.scheduling` with CUDA_VISIBLE_DEVICES set by the deployment
+    cupy = make_cupy({})
+    cupy.__spec__ = importlib.machinery.ModuleSpec("cupy", None)  # "installed"
+    install(make_pynvml(hgx_h200(), hgx_level), cupy)
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5ea10005,2")
+    inv = discover("cuda")
+    assert [d["index"] for d in inv.cuda_devices] == [5, 2]
+    spec = make_specs(1)[0]
+    assert (spec.backend, spec.physical, spec.name, spec.memory) == ("cuda", 5, "NVIDIA H200", 141 * GiB)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert discover("auto").backend == "emulated" and "hides every GPU" in discover("auto").cuda_reason
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-0bad")
+    with pytest.raises(ValueError, match="'GPU-0bad' matches no GPU"):
+        discover("auto")
 
 
 def test_mig_instances(install):
