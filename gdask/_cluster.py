@@ -121,8 +121,8 @@ class LocalGPUCluster(LocalCluster):
         dev = self._spec_by_name[name]
         env = dict(spec["options"].get("env") or {})
         if dev.backend == "cuda":
-            env["CUDA_VISIBLE_DEVICES"] = str(dev.physical)
-            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA numbers GPUs as NVML does
+            env["CUDA_VISIBLE_DEVICES"] = str(dev.physical)  # an NVML index: CUDA numbers GPUs alike
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"           # only in PCI bus order
         spec["options"]["env"] = env
         plugins = set(spec["options"].get("plugins") or ())
         plugins.update(self._worker_plugins)

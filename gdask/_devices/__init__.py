@@ -67,6 +67,8 @@ def discover(backend: str | None = None) -> Inventory:
     ------
     NoDeviceError
         ``backend="cuda"`` on a machine where CUDA cannot be used; the message says why.
+    ValueError
+        ``CUDA_VISIBLE_DEVICES`` names no GPU of this machine (the message lists them).
     """
     from gdask._devices import _nvml
 
@@ -82,8 +84,10 @@ def discover(backend: str | None = None) -> Inventory:
         inv.cuda_reason = st.reason
     elif not module_available("cupy"):
         inv.cuda_reason = f"{st.reason}, but CuPy is not installed (pip install 'gdask[cuda13]')"
+    elif not (visible := _nvml.visible_devices()):  # the GPUs CUDA_VISIBLE_DEVICES leaves visible
+        inv.cuda_reason = f"{st.reason}, but CUDA_VISIBLE_DEVICES hides every GPU"
     else:
-        inv.cuda_devices = st.devices
+        inv.cuda_devices = visible
         inv.cuda_reason = st.reason
         inv.backend = "cuda"
     if backend == "cuda" and inv.backend != "cuda":
