@@ -160,8 +160,9 @@ def main(argv=None):
     a = p.parse_args(argv)
     n = a.rows or (2_000_000 if a.backend == "emulated" else 50_000_000)
     X, init = make_data(n, a.features, a.clusters)
-    import gdask
     from distributed import Client
+
+    import gdask
 
     results = {}
     with gdask.LocalGPUCluster(n_devices=a.devices, backend=a.backend, dashboard_address=":0") as cluster, \

@@ -118,8 +118,9 @@ def main(argv=None):
     n = a.rows or (1_000_000 if a.backend == "emulated" else 20_000_000)
     X, y = make_data(n, a.features, a.classes)
     warnings.filterwarnings("ignore", message="Sending large graph")  # the data is sent once, at persist
-    import gdask
     from distributed import Client
+
+    import gdask
 
     fits = {}
     runs: dict[str, list] = {}

@@ -108,8 +108,7 @@ def run(args) -> dict:
     from distributed import Client, LocalCluster
 
     from gdask.devices import make_specs
-    from gdask.scheduling import DeviceSetup
-    from gdask.scheduling import StreamController
+    from gdask.scheduling import DeviceSetup, StreamController
 
     spec = make_specs(1, backend=args.backend, streams=1)[0]
     setup = DeviceSetup({0: spec}, max_streams=args.max_streams, adaptive_streams=True)

@@ -21,7 +21,7 @@ def info(backend: str | None = None) -> dict[str, Any]:
     import distributed
     import numpy
 
-    from gdask._devices import discover, make_specs, module_available
+    from gdask.devices import discover, make_specs, module_available
 
     inv = discover(backend)
     specs = make_specs(backend=inv.backend)

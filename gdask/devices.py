@@ -6,10 +6,24 @@ names only. Nothing here imports CuPy, RMM or NVML; they are loaded when a CUDA 
 
 from __future__ import annotations
 
+from gdask._devices import (
+    BACKENDS,
+    DeviceSpec,
+    EmulatedDevice,
+    EmulatedPool,
+    Inventory,
+    LocalContext,
+    StateSpaces,
+    context,
+    current_device,
+    discover,
+    make_device,
+    make_specs,
+    module_available,
+    parse_size,
+    worker_state,
+)
 from gdask._devices._arrays import array_module, to_numpy
-from gdask._devices import (BACKENDS, DeviceSpec, EmulatedDevice, EmulatedPool, Inventory, LocalContext,
-                            StateSpaces, context, current_device, discover, make_device, make_specs,
-                            module_available, parse_size, worker_state)
 
 __all__ = [
     "BACKENDS",

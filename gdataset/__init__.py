@@ -7,8 +7,15 @@ from gdask.gdataset._channel import IterationChannel
 from gdask.gdataset._collective import CollectiveError, Communicator, run_on_workers
 from gdask.gdataset._core import GDataSet
 from gdask.gdataset._creation import default_block_rows, from_array, from_dask_array, from_dataframe
-from gdask.gdataset._engine import (MODES, Blocks, EngineResult, IterativeAlgorithm, LoopContext, exceeds_devices,
-                                    run_loop)
+from gdask.gdataset._engine import (
+                                    MODES,
+                                    Blocks,
+                                    EngineResult,
+                                    IterativeAlgorithm,
+                                    LoopContext,
+                                    exceeds_devices,
+                                    run_loop,
+)
 from gdask.gdataset._iterate import IterateResult, IterationContext, iterate
 from gdask.gdataset._progress import Progress
 from gdask.gdataset._repr import block_workers, groups_of, persisted_futures

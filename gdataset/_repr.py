@@ -87,7 +87,8 @@ def gdataset_html(x: Any) -> str:
     where = block_locations(x)
     rows = []
     offs = x.block_offsets
-    show = list(range(x.nblocks)) if x.nblocks <= 12 else list(range(6)) + [None] + list(range(x.nblocks - 3, x.nblocks))
+    show = (list(range(x.nblocks)) if x.nblocks <= 12
+            else list(range(6)) + [None] + list(range(x.nblocks - 3, x.nblocks)))
     for i in show:
         if i is None:
             rows.append("<tr><td colspan=4>...</td></tr>")

@@ -21,15 +21,34 @@ from gdask.scheduling._placement import DurationModel, EarliestFinish
 from gdask.scheduling._registry import device_rows
 from gdask.scheduling._scheduler import GPUPlacement, is_gpu_task
 from gdask.scheduling._scheduler_jobs import JobScheduler
-from gdask.scheduling._sharing import (DeviceCapacity, JobRequest, Placement, ShareError, ShareExceededError,
-                                       ShareLedger, device_score, first_fit, jobs_table, place, whole_device)
+from gdask.scheduling._sharing import (
+    DeviceCapacity,
+    JobRequest,
+    Placement,
+    ShareError,
+    ShareExceededError,
+    ShareLedger,
+    device_score,
+    first_fit,
+    jobs_table,
+    place,
+    whole_device,
+)
 from gdask.scheduling._streams import StreamController
 from gdask.scheduling._topology import Topology, link_rank
-from gdask.scheduling._worker import (DeviceReporter, DeviceSetup, StreamSettings, device_info,
-                                      install_stream_executor, parse_pool_size, stream_settings)
+from gdask.scheduling._worker import (
+    DeviceReporter,
+    DeviceSetup,
+    StreamSettings,
+    device_info,
+    install_stream_executor,
+    parse_pool_size,
+    stream_settings,
+)
 from gdask.scheduling._worker_jobs import JobMonitor
 
 __all__ = [
+    "report_work",
     "DeviceCapacity", "DeviceReporter", "DeviceSetup", "DurationModel", "EarliestFinish", "GPUPlacement",
     "InterferenceModel", "Job", "JobMonitor", "JobProfile", "JobRequest", "JobScheduler", "Placement",
     "ShareError", "ShareExceededError", "ShareLedger", "StreamController", "StreamSettings",

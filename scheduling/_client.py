@@ -182,7 +182,8 @@ class Job:
                                                   "memory": self.profile.memory}
         self.status = "waiting"
         try:
-            info = self.client.sync(getattr(self.client.scheduler, protocol.HANDLER_JOB_OPEN), name=self.name, gpu=self.gpu,
+            info = self.client.sync(getattr(self.client.scheduler, protocol.HANDLER_JOB_OPEN), name=self.name,
+                                    gpu=self.gpu,
                                     memory=self.memory, count=self.count, kind=self.kind, profile=prof,
                                     timeout=self.timeout)
         except BaseException:

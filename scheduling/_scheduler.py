@@ -506,7 +506,8 @@ class GPUPlacement(SchedulerPlugin):
         return device_rows(workers, self.placement_stats())
 
     def _handle_stats(self, **kwargs: Any) -> dict[str, Any]:
-        return {"workers": self.placement_stats(), "moves": self.moves, "last_moves": self.last_moves, "replaced": self.replaced,
+        return {"workers": self.placement_stats(), "moves": self.moves, "last_moves": self.last_moves,
+                "replaced": self.replaced,
                 "pinned": len(self._pinned), "outstanding": self.placer.outstanding() if self.placer else 0}
 
 

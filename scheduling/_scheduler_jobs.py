@@ -21,8 +21,16 @@ from distributed import SchedulerPlugin
 
 from gdask import config, protocol
 from gdask.scheduling._interference import InterferenceModel, JobProfile
-from gdask.scheduling._sharing import (DeviceCapacity, JobRequest, ShareError, ShareLedger, first_fit, jobs_table,
-                                       place, whole_device)
+from gdask.scheduling._sharing import (
+    DeviceCapacity,
+    JobRequest,
+    ShareError,
+    ShareLedger,
+    first_fit,
+    jobs_table,
+    place,
+    whole_device,
+)
 from gdask.scheduling._topology import Topology
 
 logger = logging.getLogger("gdask.scheduling")
@@ -138,7 +146,8 @@ class JobScheduler(SchedulerPlugin):
         nvml = {addr: (ws.metrics.get(protocol.METRIC_NVML) or {}) for addr, ws in workers.items()}
         hosts = {addr: ws.host for addr, ws in workers.items()}
         if any(v.get("topology") for v in nvml.values()):
-            physical = {addr: int(ws.metrics[protocol.METRIC_DEVICE].get("physical", 0)) for addr, ws in workers.items()}
+            physical = {addr: int(ws.metrics[protocol.METRIC_DEVICE].get("physical", 0))
+                        for addr, ws in workers.items()}
             details = {physical[a]: nvml[a] for a in workers}
             return Topology.from_nvml(details, devices=physical, hosts=hosts, default="socket")
         topo = Topology(default="network")
@@ -378,7 +387,8 @@ class JobScheduler(SchedulerPlugin):
     def _handle_jobs(self, **kwargs: Any) -> dict[str, Any]:
         return {"rows": self.table_rows(), "policy": self.policy, "model_error": self.model_error(),
                 "model_error_new": self.model_error(new_only=True), "observations": len(self.observations),
-                "profiles": {k: {"compute": p.compute, "bandwidth": p.bandwidth} for k, p in self.kind_profiles.items()}}
+                "profiles": {k: {"compute": p.compute, "bandwidth": p.bandwidth}
+                             for k, p in self.kind_profiles.items()}}
 
 
 def _mean(xs: list[float]) -> float:

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
-from gdask._devices._spec import parse_size
+from gdask.devices import parse_size
 from gdask.scheduling._interference import InterferenceModel, JobProfile
 from gdask.scheduling._topology import Topology
 
@@ -112,7 +112,8 @@ class DeviceCapacity:
         for name in ("compute", "bandwidth"):
             v = float(getattr(self, name))
             if not (math.isfinite(v) and v > 0):
-                raise ValueError(f"device {self.device!r}: {name} must be a finite number > 0, got {getattr(self, name)!r}")
+                raise ValueError(f"device {self.device!r}: {name} must be a finite number > 0, "
+                                 f"got {getattr(self, name)!r}")
             object.__setattr__(self, name, v)
 
 
@@ -222,7 +223,8 @@ class ShareLedger:
         st = self._state(device)
         known = self._requests.get(job.name)
         if known is not None and known != job:
-            raise ShareError(f"job name {job.name!r} is already used by another request ({known}); names must be unique")
+            raise ShareError(f"job name {job.name!r} is already used by another request ({known}); "
+                             "names must be unique")
         if device in self._placed.get(job.name, {}):
             raise ShareError(f"job {job.name!r} already has a grant on device {device!r}")
         gpu, mem = self.free(device)

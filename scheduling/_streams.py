@@ -7,7 +7,6 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-
 _NOISE_WEIGHT = 0.2  # weight of the newest deviation in the noise estimate
 _HISTORY_LEN = 1000  # rounds kept in ``history`` (a worker lives long)
 
@@ -20,13 +19,14 @@ class StreamController:
     streams (any unit, higher is better); it returns the count to use next. The controller probes
     one neighbour at a time, moves when the neighbour is better by more than ``tolerance``
     (relative; more when measurements are noisy: their typical relative deviation at the
-    settled count, see :attr:`margin`), and otherwise stays. Throughput per count is smoothed (exponential moving average
-    with weight ``alpha``) so that noise does not make it wander. Settled at the best count, it
-    probes a neighbour again after ``reprobe`` rounds, then after twice as many each time the probe
-    confirms the count (up to ``max_reprobe``), so a stable workload pays less and less for
+    settled count, see :attr:`margin`), and otherwise stays. Throughput per count is smoothed
+    (exponential moving average with weight ``alpha``) so that noise does not make it wander.
+    Settled at the best count, it probes a neighbour again after ``reprobe`` rounds, then after
+    twice as many each time the probe confirms the count (up to ``max_reprobe``), so a stable workload pays less and less for
     probing; a measurement at the settled count that differs from its estimate by more than
-    ``drift`` (relative, and more than three times the noise) means the workload changed: the other counts' estimates are forgotten and
-    the neighbours are probed at once, so it follows a workload whose best count moves.
+    ``drift`` (relative, and more than three times the noise) means the workload changed: the other
+    counts' estimates are forgotten and the neighbours are probed at once, so it follows a workload
+    whose best count moves.
 
     Parameters
     ----------

@@ -32,8 +32,9 @@ def xp(request):
 
 @pytest.fixture(scope="module")
 def client():
-    import gdask
     from distributed import Client
+
+    import gdask
 
     with gdask.LocalGPUCluster(n_devices=2, backend="emulated", device_memory="512MiB",
                                dashboard_address=":0") as cluster, Client(cluster) as c:

@@ -27,9 +27,8 @@ from typing import Any, Callable, Hashable, Iterator
 from dask.sizeof import sizeof
 from dask.utils import format_bytes
 
-from gdask import config
+from gdask import DeviceMemoryError, config
 from gdask.devices import parse_size
-from gdask import DeviceMemoryError
 from gdask.window_cache._policy import LRU, FurthestInFuture, WindowSize
 from gdask.window_cache._tiers import DiskTier, device_tier
 

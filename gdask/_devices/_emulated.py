@@ -13,11 +13,11 @@ import weakref
 from typing import Any, Callable
 
 import numpy as np
+from dask.utils import format_bytes
 
 from gdask._devices._base import DeviceBase
 from gdask._devices._spec import DeviceSpec
 from gdask._errors import DeviceMemoryError
-from dask.utils import format_bytes
 
 
 def _root(arr: np.ndarray) -> np.ndarray:

@@ -109,7 +109,8 @@ _STEP_BUFFER = 1 << 20
 
 
 @njit(nogil=True, fastmath={"reassoc", "contract"}, cache=True)
-def _hamerly_numba(xt, w, cf, labels, upper, lower, sums, counts, drift, half, m1, d1, d2, cc, limit):  # pragma: no cover - compiled
+def _hamerly_numba(xt, w, cf, labels, upper, lower, sums, counts, drift, half, m1, d1, d2, cc,  # pragma: no cover
+                   limit):  # compiled
     """One bounds step; ``looked`` > ``limit`` rows failing their bounds aborts it (returns changed = -1,
     the state is then half moved and must be rebuilt by a full pass)."""
     d, n = xt.shape

@@ -6,8 +6,8 @@ import contextlib
 import uuid
 from typing import Any, Iterator
 
-from gdask.gdataset import GDataSet
 from gdask.devices import array_module
+from gdask.gdataset import GDataSet
 
 
 def module_name(x: Any) -> str:

@@ -18,7 +18,8 @@ _TILE = 128
 
 
 @njit(nogil=True, fastmath=True, cache=True)
-def _lloyd_numba(xt, w, centers, sums, counts, labels, rowd, want_rows, topv, topi, topl, sec, norms):  # pragma: no cover - compiled
+def _lloyd_numba(xt, w, centers, sums, counts, labels, rowd, want_rows, topv, topi, topl, sec,  # pragma: no cover
+                 norms):  # compiled
     # norms: |x|^2 per row in float64 (see row_norms), used unless want_rows
     d, n = xt.shape
     weighted = w.shape[0] > 0

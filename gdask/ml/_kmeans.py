@@ -13,8 +13,17 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
 
 from gdask.devices import array_module, to_numpy
-from gdask.gdataset import (GDataSet, IterativeAlgorithm, LoopContext, Progress, from_array, from_dataframe,
-                            persisted_futures, run_loop, sum_parts)
+from gdask.gdataset import (
+    GDataSet,
+    IterativeAlgorithm,
+    LoopContext,
+    Progress,
+    from_array,
+    from_dataframe,
+    persisted_futures,
+    run_loop,
+    sum_parts,
+)
 from gdask.gdataset import from_dask_array as gdask_from_dask_array
 from gdask.ml import _bounds, _kernels
 from gdask.ml._input import check_finite as _check_finite

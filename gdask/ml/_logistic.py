@@ -7,18 +7,25 @@ import time
 import warnings
 from typing import Any
 
-import dask
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 
 from gdask.devices import array_module, to_numpy
-from gdask.gdataset import (GDataSet, IterativeAlgorithm, LoopContext, Progress, from_array, from_dataframe,
-                            run_loop, sum_parts)
+from gdask.gdataset import (
+    GDataSet,
+    IterativeAlgorithm,
+    LoopContext,
+    Progress,
+    from_array,
+    from_dataframe,
+    run_loop,
+    sum_parts,
+)
 from gdask.gdataset import from_dask_array as gdask_from_dask_array
 from gdask.ml import _logistic_kernels as _k
 from gdask.ml._input import check_finite as _check_finite
-from gdask.ml._input import is_host_input as _is_host_input
 from gdask.ml._input import estimator_job
+from gdask.ml._input import is_host_input as _is_host_input
 from gdask.ml._input import module_name as _module
 
 __all__ = ["LogisticRegression"]
@@ -149,7 +156,8 @@ class _LogisticLoop(IterativeAlgorithm):
 
         def callback(xk):
             f, g = last["f"], last["g"]
-            ctx.checkpoint({**state, "x": np.array(xk, copy=True), "passes": list(passes)}, loss=f, grad_max=float(np.abs(g).max()),
+            ctx.checkpoint({**state, "x": np.array(xk, copy=True), "passes": list(passes)}, loss=f,
+                           grad_max=float(np.abs(g).max()),
                            line=f"iteration {ctx.iteration + 1}: loss {f:.10g}, max |gradient| "
                                 f"{np.abs(g).max():.3g}")
 
@@ -219,7 +227,8 @@ class _LogisticLoop(IterativeAlgorithm):
                 z = x_new + ((t - 1) / t_new) * (x_new - x)
                 t = t_new
             x = x_new
-            ctx.checkpoint({**state, "x": x, "z": z, "t": t, "passes": list(passes)}, loss=f, grad_max=float(np.abs(g).max()),
+            ctx.checkpoint({**state, "x": x, "z": z, "t": t, "passes": list(passes)}, loss=f,
+                           grad_max=float(np.abs(g).max()),
                            line=f"iteration {ctx.iteration + 1}: loss {f:.10g}, max |gradient| {np.abs(g).max():.3g}")
         return {**state, "x": x, "status": 1, "message": "max_iter reached", "passes": passes}
 
@@ -263,7 +272,8 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
     solver : {"lbfgs", "gd"}, default "lbfgs"
         "lbfgs": scipy's L-BFGS-B with scikit-learn's options (results match scikit-learn's lbfgs);
         with a Client and persisted data it runs on every worker at once over the all-gathered
-        objective (no client round trip per evaluation), else from the client. "gd": full-batch gradient descent preconditioned by a fixed bound
+        objective (no client round trip per evaluation), else from the client. "gd": full-batch gradient
+        descent preconditioned by a fixed bound
         on the Hessian (Böhning's bound ``[X, 1]^T [X, 1] / 4``, from one extra pass at the
         start), with Nesterov momentum and adaptive restart; exactly one pass per iteration.
     class_weight : dict, "balanced" or None, default None

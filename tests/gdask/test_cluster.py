@@ -24,7 +24,7 @@ def test_cluster_rejects_conflicting_kwargs():
 
 def test_block_larger_than_device_memory_is_a_clear_error():
     with gdask.LocalGPUCluster(n_devices=1, backend="emulated", device_memory="1MiB",
-                               dashboard_address=":0") as cluster, Client(cluster) as c:
+                               dashboard_address=":0") as cluster, Client(cluster):
         x = np.ones((100_000, 4), np.float32)  # 1.6 MB in one block
         with pytest.raises(gdask.DeviceMemoryError, match="larger than the whole device budget"):
             gdask.from_array(x, block_rows=100_000).persist().compute()

@@ -13,6 +13,7 @@ import gdask
 from gdask.gdataset import ExecutionLog, GTracker, IterationChannel, incremental
 from gdask.gdataset._cachepolicy import ReusePolicy
 
+
 # plain Dask runs of these loops differ from each other in the last bits (BLAS / reduction order on
 # workers), so "identical" is checked to 1e-12 relative
 def _same(a, b):
@@ -79,7 +80,7 @@ def test_static_part_executes_nothing_after_first_iteration(client):
 
 def test_update_blocks_recomputes_only_changed(client):
     Xh, yh = _data(seed=1)
-    X, y = gdask.from_array(Xh, block_rows=300), gdask.from_array(yh, block_rows=300)
+    X = gdask.from_array(Xh, block_rows=300)
     new = np.full((300, 3), 0.5)  # block 3 of 4
     X2 = X.update_blocks({3: new})
     assert X2.block_versions == (0, 0, 0, 1) and X2.name != X.name

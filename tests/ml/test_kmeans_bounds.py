@@ -93,8 +93,8 @@ def test_numba_step_matches_array_step_and_exact_distances():
     assert (a.upper >= best - 1e-9).all()  # the bounds hold
     exact[np.arange(len(blk)), a.labels] = np.inf
     assert (a.lower <= exact.min(1) + 1e-9).all()
-    np.testing.assert_allclose(a.sums, np.stack([blk[a.labels == c].astype(np.float64).sum(0) for c in range(len(init))]), rtol=1e-9,
-                               atol=1e-6)
+    sums = np.stack([blk[a.labels == c].astype(np.float64).sum(0) for c in range(len(init))])
+    np.testing.assert_allclose(a.sums, sums, rtol=1e-9, atol=1e-6)
 
 
 def test_lost_state_is_rebuilt_from_the_history_to_the_same_bits():

@@ -9,7 +9,6 @@ import pytest
 
 import gdask
 from gdask.gdataset import _engine
-from gdask.gdataset._collective import CollectiveError
 from gdask.ml import KMeans, _kernels
 
 

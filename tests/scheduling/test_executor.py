@@ -7,8 +7,7 @@ import dask
 import pytest
 
 from gdask._devices import DeviceSpec
-from gdask.scheduling import DeviceSetup, stream_settings
-from gdask.scheduling import StreamController, StreamThreadPoolExecutor
+from gdask.scheduling import DeviceSetup, StreamController, StreamThreadPoolExecutor, stream_settings
 
 TIMEOUT = 10
 
@@ -251,8 +250,9 @@ def _fail(x):
 
 
 def test_device_worker_runs_tasks_on_the_stream_executor():
-    import gdask
     from distributed import Client, worker_client
+
+    import gdask
 
     def fan_out(n):
         with worker_client() as c:  # secedes from, then rejoins, the stream executor

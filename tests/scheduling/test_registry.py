@@ -29,8 +29,10 @@ def test_flatten_metrics_device_and_helpers():
 
 def test_device_rows_sorted_with_free_memory_and_placement():
     workers = {
-        "tcp://b": {"name": 1, "nthreads": 2, "metrics": {"gdask_device": {"index": 1, "memory": 10, "memory_used": 4}}},
-        "tcp://a": {"name": 0, "nthreads": 2, "metrics": {"gdask_device": {"index": 0, "memory": 10, "memory_used": 1}}},
+        "tcp://b": {"name": 1, "nthreads": 2,
+                    "metrics": {"gdask_device": {"index": 1, "memory": 10, "memory_used": 4}}},
+        "tcp://a": {"name": 0, "nthreads": 2,
+                    "metrics": {"gdask_device": {"index": 0, "memory": 10, "memory_used": 1}}},
         "tcp://c": {"name": "cpu", "nthreads": 1, "metrics": {}},
     }
     rows = device_rows(workers, {"tcp://a": {"speed_measured": 1.0, "placed": 5}})

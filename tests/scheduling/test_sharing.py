@@ -9,8 +9,17 @@ import pytest
 
 from gdask.scheduling._interference import InterferenceModel, JobProfile
 from gdask.scheduling._sharing import (
-    DeviceCapacity, JobRequest, Placement, ShareError, ShareExceededError, ShareLedger, device_score, first_fit,
-    jobs_table, place, whole_device,
+    DeviceCapacity,
+    JobRequest,
+    Placement,
+    ShareError,
+    ShareExceededError,
+    ShareLedger,
+    device_score,
+    first_fit,
+    jobs_table,
+    place,
+    whole_device,
 )
 from gdask.scheduling._topology import LINK_KINDS, Topology, link_rank
 

@@ -1,0 +1,121 @@
+"""The package layering: packages use each other's public API only, in one direction.
+
+* No module of one gdask package imports a ``_``-prefixed module of another (``gdask.ml`` ->
+  ``gdask.gdataset._core`` is not allowed; ``gdask.gdataset`` -> ``gdask.gdataset._core`` is).
+* Dependencies point down: ``gdask`` runtime (devices, config, protocol) <- ``window_cache``,
+  ``scheduling`` <- ``gdataset`` <- ``gdask.ml`` and the facade (cluster, cli).
+* ``scheduling`` names no gdataset module or function.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+#: folder -> (package name, the packages it may import)
+PACKAGES = {
+    "gdask/_devices": ("runtime", {"runtime"}),
+    "window_cache": ("window_cache", {"runtime"}),
+    "scheduling": ("scheduling", {"runtime", "window_cache"}),  # window_cache: only the preload hook
+    "gdataset": ("gdataset", {"runtime", "scheduling", "window_cache"}),
+    "gdask/ml": ("ml", {"runtime", "scheduling", "window_cache", "gdataset", "facade"}),
+    "gdask": ("facade", {"runtime", "scheduling", "window_cache", "gdataset", "ml"}),
+}
+#: modules of the gdask folder that are the lowest layer (imported by every package)
+RUNTIME_MODULES = {"gdask.config", "gdask.protocol", "gdask.devices", "gdask._errors", "gdask._devices"}
+RUNTIME_FILES = {"gdask/__init__.py", "gdask/config.py", "gdask/protocol.py", "gdask/devices.py", "gdask/_errors.py"}
+
+
+def _package_of_file(path: pathlib.Path) -> str:
+    rel = path.relative_to(ROOT).as_posix()
+    if rel in RUNTIME_FILES:
+        return "runtime"
+    for folder in sorted(PACKAGES, key=len, reverse=True):
+        if rel.startswith(folder + "/"):
+            return PACKAGES[folder][0]
+    raise AssertionError(f"{rel} is in no package")
+
+
+def _package_of_module(name: str) -> str | None:
+    """The package a ``gdask...`` module belongs to (None for modules outside gdask)."""
+    parts = name.split(".")
+    if parts[0] != "gdask":
+        return None
+    if len(parts) == 1:
+        return "runtime"  # ``import gdask`` / ``from gdask import DeviceMemoryError``: the lazy top level
+    top = parts[1]
+    if top in ("gdataset", "scheduling", "window_cache", "ml"):
+        return top
+    if ".".join(parts[:2]) in RUNTIME_MODULES:
+        return "runtime"
+    return "facade"
+
+
+def _owner_prefix(name: str) -> str:
+    """The part of a module name that names its package (``gdask.gdataset`` for ``gdask.gdataset._core``)."""
+    parts = name.split(".")
+    if len(parts) > 1 and parts[1] in ("gdataset", "scheduling", "window_cache", "ml"):
+        return ".".join(parts[:2])
+    return "gdask"
+
+
+_FOLDERS = {"gdask.gdataset": "gdataset", "gdask.scheduling": "scheduling", "gdask.window_cache": "window_cache"}
+
+
+def _is_module(name: str) -> bool:
+    """Whether ``name`` (``gdask.x.y``) is a module or package of the repository (not an attribute)."""
+    parts = name.split(".")
+    for prefix, folder in _FOLDERS.items():
+        if name == prefix or name.startswith(prefix + "."):
+            base = ROOT / folder / pathlib.Path(*parts[2:]) if len(parts) > 2 else ROOT / folder
+            break
+    else:
+        base = ROOT / pathlib.Path(*parts)
+    return base.with_suffix(".py").exists() or (base / "__init__.py").exists()
+
+
+def _imports(path: pathlib.Path):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                yield node.lineno, a.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.lineno, node.module
+            for a in node.names:  # from gdask.gdataset import _blocks: a module imported by name
+                if _is_module(f"{node.module}.{a.name}"):
+                    yield node.lineno, f"{node.module}.{a.name}"
+
+
+def _sources():
+    for folder in ("gdask", "gdataset", "scheduling", "window_cache"):
+        yield from sorted((ROOT / folder).rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", list(_sources()), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_imports_respect_the_layers(path):
+    pkg = _package_of_file(path)
+    allowed = {folder_pkg for folder, (p, deps) in PACKAGES.items() if p == pkg for folder_pkg in deps} | {pkg}
+    problems = []
+    for line, name in _imports(path):
+        target = _package_of_module(name)
+        if target is None:
+            continue
+        if target not in allowed:
+            problems.append(f"line {line}: {pkg} imports {name} ({target} is not below {pkg})")
+            continue
+        if target != pkg:
+            rest = name[len(_owner_prefix(name)):].split(".")
+            if any(part.startswith("_") and part != "__version__" for part in rest if part):
+                problems.append(f"line {line}: {pkg} imports the private {name} of {target}: use its public API"
+                                + (" (gdask.devices, gdask.config, gdask.protocol)" if target == "runtime" else ""))
+    assert not problems, "\n".join(problems)
+
+
+def test_scheduling_names_no_gdataset_module_or_function():
+    for path in sorted((ROOT / "scheduling").rglob("*.py")):
+        text = path.read_text()
+        assert "gdask.gdataset" not in text and "_blocks" not in text, path.name
