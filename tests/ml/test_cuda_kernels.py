@@ -399,6 +399,48 @@ def test_kernels_compile_once_per_dtype():
     assert ("lloyd", "float32") in ck._KERNELS
 
 
+_PTX_SCRIPT = """
+import sys, types
+from numba import cuda
+from numba.core import types as t
+try:
+    from numba.cuda.cudadrv import nvvm
+    nvvm.NVVM()
+except Exception as e:  # no CUDA toolkit (libnvvm) here
+    print("no-nvvm", repr(e)); sys.exit(0)
+import numba.cuda.dispatcher as nd
+# device functions ask the current device for its compute capability: there is none here
+nd.get_current_device = lambda: types.SimpleNamespace(compute_capability=(9, 0))
+from gdask.ml import _cuda_kernels as ck
+A = lambda dt, nd=1, layout="C": t.Array(dt, nd, layout)
+f64, i64, i32, b = t.float64, t.int64, t.int32, t.boolean
+for dt in (t.float32, t.float64):
+    sigs = {"lloyd": [(A(dt, 2, lay), A(f64), A(dt), A(c64), A(f64), A(f64), A(f64), A(f64), A(i64), A(i32),
+                       A(i32), A(f64), A(f64), f64, b, b, b, b, b, b) for lay in "CA" for c64 in {dt, f64}],
+            "hamerly": [(A(dt, 2), A(f64), A(f64), A(i32), A(f64), A(f64), A(f64), A(f64), A(f64), A(f64), A(f64),
+                         i64, f64, f64, A(i64), b, b)],
+            "logistic": [(A(dt, 2), A(i32), A(dt), A(dt), A(f64), A(f64), A(f64), A(f64), A(f64), b, b, b, b, i64)]}
+    for name, sig_list in sigs.items():
+        for sig in sig_list:
+            ptx, _ = cuda.compile_ptx(ck._kernel(name, str(dt)).py_func, sig, cc=(9, 0))
+            assert ".entry" in ptx and "atom.global.add.f64" in ptx, name
+print("compiled")
+"""
+
+
+def test_kernels_compile_for_a_gpu():
+    """The simulator runs kernels as Python, so it cannot tell whether numba can type and compile
+    them for a GPU: compile each kernel to PTX (sm_90) with the real numba.cuda, in a process
+    without the simulator (needs the CUDA toolkit's libnvvm, no GPU)."""
+    env = {key: v for key, v in os.environ.items() if key != "NUMBA_ENABLE_CUDASIM"}
+    out = subprocess.run([sys.executable, "-c", _PTX_SCRIPT], check=False, capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    if out.stdout.startswith("no-nvvm"):
+        pytest.skip(f"no CUDA toolkit to compile kernels with: {out.stdout.strip()}")
+    assert out.stdout.strip().endswith("compiled")
+
+
 def test_import_does_not_load_numba_cuda():
     code = ("import sys; import gdask, gdask.ml._kernels, gdask.ml._bounds, gdask.ml._cuda_kernels; "
             "assert 'numba.cuda' not in sys.modules, 'numba.cuda imported'")
