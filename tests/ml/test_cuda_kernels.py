@@ -158,6 +158,12 @@ def test_empty_clusters_and_ties():
     X = rng.integers(-3, 4, (150, 2)).astype(np.float32)
     C = np.array([[0.0, 0.0], [2.0, 0.0], [2.0, 0.0], [100.0, 100.0]])  # rows at x = 1 tie 0 and 1
     X[:10] = [1.0, 0.0]
+    # more rows at the largest distance than are kept, spread so that, in the simulator's grid (4
+    # blocks of 32 threads), one thread block meets later rows on lower threads, and one thread
+    # holds two of them (rows 12 and 140)
+    X[10:20:2] = X[128:138:2] = [-3.0, -3.0]
+    X[11:20:2] = X[129:138:2] = [-3.0, 3.0]
+    X[140] = [-3.0, -3.0]
     labels, mind = ck.assign_cuda(dev(X), C)
     cl, cm = _kernels.assign(X, C)
     np.testing.assert_array_equal(host(labels), cl)
@@ -176,6 +182,10 @@ def test_empty_clusters_and_ties():
     np.testing.assert_array_equal(d2[np.arange(len(d2)), g["far_label"]], g["far_d"])
     np.testing.assert_array_equal(d2.argmin(1), g["far_label"])
     assert all((X == row).all(1).any() for row in g["far_rows"])
+    # among rows equally far, the lower row index wins (in each thread block and across them)
+    own = _sqdist(X, C)[np.arange(len(X)), cl]
+    expect = np.lexsort((np.arange(len(X)), -own))[:_kernels.N_FARTHEST]
+    np.testing.assert_array_equal(_by_distance(g)["far_rows"], X[expect])
 
 
 @pytest.mark.parametrize("n", [1, 5])
