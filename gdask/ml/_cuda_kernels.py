@@ -25,9 +25,10 @@ small thread blocks: that is how the kernels are tested without a GPU. Small res
 host NumPy data, per-row results stay device arrays, as from the CPU functions.
 
 numba.cuda is imported on the first call (``import gdask`` and this module do not import it), and
-each kernel is compiled once per block dtype (:data:`_KERNELS`). The float64 atomic adds make sums
-on a GPU independent of the grid but not of the order in which thread blocks finish: results agree
-with the CPU kernels to rounding, not bit for bit.
+each kernel is compiled once per block dtype (:data:`_KERNELS`). On a GPU the float64 atomic adds
+sum in the order in which thread blocks finish: results agree with the CPU kernels to rounding, not
+bit for bit, and may differ in their last bits from run to run. The simulator runs one launch at a
+time: call these functions from one thread when ``NUMBA_ENABLE_CUDASIM=1``.
 """
 
 # Kernels spell out min / max as comparisons: numba's built-in CUDA target fails to type the
