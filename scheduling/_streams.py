@@ -22,7 +22,8 @@ class StreamController:
     settled count, see :attr:`margin`), and otherwise stays. Throughput per count is smoothed
     (exponential moving average with weight ``alpha``) so that noise does not make it wander.
     Settled at the best count, it probes a neighbour again after ``reprobe`` rounds, then after
-    twice as many each time the probe confirms the count (up to ``max_reprobe``), so a stable workload pays less and less for
+    twice as many each time the probe confirms the count (up to ``max_reprobe``), so a stable
+    workload pays less and less for
     probing; a measurement at the settled count that differs from its estimate by more than
     ``drift`` (relative, and more than three times the noise) means the workload changed: the other
     counts' estimates are forgotten and the neighbours are probed at once, so it follows a workload

@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
-from gdask._errors import GDaskWarning
+from gdask import GDaskWarning
 
 __all__ = ["LINK_KINDS", "Topology", "link_rank", "parse_nvidia_smi_topo"]
 

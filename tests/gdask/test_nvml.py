@@ -478,7 +478,8 @@ def test_parse_variants_of_the_output():
     # old drivers: SOC for SYS; a single GPU has no links
     old = "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tSOC\t0-7\nGPU1\tSOC\t X \t8-15\n"
     assert Topology.from_nvidia_smi(old).link(0, 1) == "socket"
-    assert parse_nvidia_smi_topo("\tGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\nGPU0\t X \t0-63\t0\t\tN/A\n") == {0: {}}
+    single = "\tGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\nGPU0\t X \t0-63\t0\t\tN/A\n"
+    assert parse_nvidia_smi_topo(single) == {0: {}}
 
 
 def test_parse_errors_and_unknown_cells():
