@@ -179,7 +179,7 @@ class DeviceSetup(WorkerPlugin):
             device.allocator = setup_rmm_pool(parse_pool_size(self.rmm_pool_size, spec.memory), spec.memory)
         set_current_device(device)
         worker.gdask_device = device
-        worker.metrics["gdask_device"] = lambda w: _device_metrics(w)
+        worker.metrics = {**worker.metrics, "gdask_device": lambda w: _device_metrics(w)}  # new dict: the heartbeat may be iterating the old one
         settings = self.streams[str(worker.name)]
         if settings.executor:
             install_stream_executor(worker, device, settings)
@@ -220,7 +220,7 @@ def install_stream_executor(worker, device, settings: StreamSettings | None = No
     worker.executors["default"] = executor
     worker.executors["gpu"] = executor
     worker.gdask_streams = executor
-    worker.metrics["gdask_streams"] = lambda w: _stream_metrics(w)
+    worker.metrics = {**worker.metrics, "gdask_streams": lambda w: _stream_metrics(w)}
     if old is not None and old is not worker.executors.get("offload") and old is not executor:
         old.shutdown(wait=False)  # tasks already on it finish; it takes no new ones
     return executor

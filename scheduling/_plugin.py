@@ -566,7 +566,7 @@ class DeviceReporter(WorkerPlugin):
 
             spec = make_specs(1)[0]
             DeviceSetup({worker.name: spec}).setup(worker)
-        worker.metrics["gdask_nvml"] = _nvml_metrics
+        worker.metrics = {**worker.metrics, "gdask_nvml": _nvml_metrics}  # new dict: the heartbeat may be iterating the old one
 
 
 def _streams(ws: Any) -> int:

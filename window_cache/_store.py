@@ -229,7 +229,8 @@ class WindowStore(MutableMapping):
         for worker in list(getattr(Worker, "_instances", ())):
             if getattr(worker, "data", None) is self:
                 ref = weakref.ref(self)
-                worker.metrics["gdask_window"] = lambda w: (ref() or _Empty).metrics()
+                # a new dict: the heartbeat may be iterating the old one (it awaits RMM's metric)
+                worker.metrics = {**worker.metrics, "gdask_window": lambda w: (ref() or _Empty).metrics()}
 
     # -- mapping protocol ------------------------------------------------------------------------
     def __setitem__(self, key: Key, value: Any) -> None:
