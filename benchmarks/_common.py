@@ -11,16 +11,17 @@ this table only): see :data:`PRIVATE`.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
 import platform
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from importlib import metadata
 from typing import Any
 
-__all__ = ["PRIVATE", "blas_threads", "library_versions", "print_setup", "setup", "write_json"]
+__all__ = ["PRIVATE", "all_cores", "blas_threads", "library_versions", "print_setup", "setup", "write_json"]
 
 #: name -> (module, attribute): gdask internals the benchmarks use. Keep this table short.
 PRIVATE = {
@@ -57,16 +58,32 @@ def library_versions(names: Iterable[str]) -> dict[str, str | None]:
 
 
 def blas_threads() -> dict[str, int]:
-    """Threads of each BLAS / OpenMP library loaded in this process (threadpoolctl), e.g.
-    ``{"openblas": 2}``; empty when threadpoolctl is missing."""
+    """Threads of each BLAS / OpenMP library loaded in this process (threadpoolctl), by library
+    file prefix, e.g. ``{"libscipy_openblas64_": 2, "libgomp": 2}``; empty without threadpoolctl."""
     try:
         from threadpoolctl import threadpool_info
     except ImportError:
         return {}
     out: dict[str, int] = {}
     for pool in threadpool_info():
-        out[str(pool.get("internal_api"))] = int(pool.get("num_threads", 0))
+        out[os.path.basename(str(pool.get("filepath") or pool.get("prefix")))] = int(pool.get("num_threads", 0))
     return out
+
+
+@contextlib.contextmanager
+def all_cores() -> Iterator[dict[str, int]]:
+    """Run a baseline in this process on every core; yields the BLAS / OpenMP threads in effect.
+
+    Starting a LocalCluster's workers sets ``OMP_NUM_THREADS=1`` (and the BLAS equivalents) in
+    *this* process's environment (distributed's ``nanny.pre-spawn-environ``), so an OpenMP or BLAS
+    runtime loaded afterwards (scikit-learn's, SciPy's) would run single-threaded: a baseline
+    measured after a cluster started would be handicapped. ``threadpoolctl`` sets every loaded
+    runtime to ``os.cpu_count()`` threads for the block.
+    """
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=os.cpu_count() or 1):
+        yield blas_threads()
 
 
 def setup(libraries: Iterable[str] = (), **fields: Any) -> dict[str, Any]:
