@@ -333,7 +333,7 @@ def report_worlds(worlds: dict, emulated: dict | None) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--jobs", type=int, default=16, help="jobs in the emulated cluster's mix (default 16)")
+    p.add_argument("--jobs", type=int, default=None, help="jobs in the emulated cluster's mix (default 16, --quick 8)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scale", type=float, default=None,
                    help="multiplies the emulated kernels' device times (default 3, --quick 1)")
@@ -355,8 +355,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     q = args.quick
-    if q:
-        args.jobs = 8
+    args.jobs = args.jobs or (8 if q else 16)
     args.scale = args.scale if args.scale is not None else (1.0 if q else 3.0)
     args.corun_kinds = (args.corun_kinds or ("gemm,stream,mixed" if q else "gemm,stream,mixed,cache")).split(",")
     args.corun_rounds = args.corun_rounds or (2 if q else 3)
