@@ -20,6 +20,7 @@ import json
 import time
 import warnings
 
+import _common
 import numpy as np
 
 
@@ -61,14 +62,22 @@ def best_of(repeat, fit):
     return min(runs, key=lambda r: r[0] / max(r[2], 1))
 
 
+SKLEARN_THREADS: dict = {}
+
+
 def run_sklearn(X, init, iters, repeat, algorithm="lloyd"):
+    """scikit-learn in this process on every core (:func:`_common.all_cores`: the cluster left
+    ``OMP_NUM_THREADS=1`` in this process's environment, which would pin its OpenMP loop to one)."""
     from sklearn.cluster import KMeans
 
     def fit():
         km = KMeans(len(init), init=init, n_init=1, max_iter=iters, tol=0, algorithm=algorithm)
-        t = time.perf_counter()
-        km.fit(X)
-        return time.perf_counter() - t, km.cluster_centers_, km.n_iter_
+        with _common.all_cores() as threads:
+            t = time.perf_counter()
+            km.fit(X)
+            dt = time.perf_counter() - t
+        SKLEARN_THREADS.update(threads)
+        return dt, km.cluster_centers_, km.n_iter_
 
     t, c, it = best_of(repeat, fit)
     return t / it, c, it
@@ -168,6 +177,7 @@ def main(argv=None):
     with gdask.LocalGPUCluster(n_devices=a.devices, backend=a.backend, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         kind = cluster.backend
+        threads = sorted({w["nthreads"] for w in client.scheduler_info(n_workers=-1)["workers"].values()})
         t, c, it, gdask_loop = run_gdask(X, init, a.iterations, a.repeat)
         results["gdask"] = (t, c, it)
         if "gdask-lloyd" not in a.skip:
@@ -188,6 +198,11 @@ def main(argv=None):
     print(f"\nK-means {n:,} x {a.features} float32, K={a.clusters}, {a.iterations} iterations (tol=0), "
           f"gdask on {ndev} {kind} device(s){' (emulated: CPU figures)' if kind == 'emulated' else ''}; "
           f"whole fit / iterations, best of {a.repeat}")
+    setup = _common.setup(["scikit-learn", "numba", "dask-ml"], dtype="float32 (every implementation)",
+                          sklearn=f"this process, threads {SKLEARN_THREADS or 'n/a'}",
+                          cluster=f"{ndev} {kind} devices, worker threads {threads} (gdask, dask-ml, dask.array)",
+                          dask_chunks="250,000 rows (dask-ml, dask.array)")
+    _common.print_setup(setup)
     print(f"{'implementation':<21}{'ms/iter':>10}{'ratio to ' + ref_name:>26}{'max |center diff|':>20}{'iters':>7}")
     rows = []
     for name, (t, c, it) in results.items():
@@ -209,7 +224,7 @@ def main(argv=None):
               f"{results['gdask'][0] / floor:.1f}x that")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"backend": kind, "devices": ndev, "rows": n, "features": a.features, "k": a.clusters,
+            json.dump({"setup": setup, "backend": kind, "devices": ndev, "rows": n, "features": a.features, "k": a.clusters,
                        "iterations": a.iterations, "repeat": a.repeat,
                        "gdask_loop_ms_per_iter": gdask_loop * 1e3,
                        "read_bandwidth_gb_s": None if bw is None else bw / 1e9, "results": rows}, f, indent=2)

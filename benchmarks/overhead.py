@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 
+import _common
 import numpy as np
 
 
@@ -40,7 +41,7 @@ def _tiny(client, n):
 
 
 def _gdataset(client, X, expected):
-    from gdask.devices import to_numpy
+    to_numpy = _common.to_numpy
 
     t0 = time.perf_counter()
     out = X.sum(axis=0).compute()
@@ -73,6 +74,10 @@ def main(argv=None) -> int:
     expected = data.sum(axis=0)
     print(f"device: {args.backend}, {args.devices} devices (1 stream each); {args.tasks} tiny tasks; GDataSet of "
           f"{args.blocks} blocks x {args.block_rows} rows x 4; {args.repeats} alternating repeats, median")
+    setup = _common.setup(dtype="float64 (GDataSet), Python ints (tiny tasks)",
+                          baseline="the same devices with placement=False (stock Dask scheduling)",
+                          clusters="2 LocalGPUClusters side by side, repetitions alternate")
+    _common.print_setup(setup)
     kw = dict(n_devices=args.devices, backend=args.backend, device_memory="512MiB", dashboard_address=":0")
     with gdask.LocalGPUCluster(placement=True, **kw) as cg, gdask.LocalGPUCluster(placement=False, **kw) as cs, \
             Client(cg) as gc, Client(cs) as sc:
@@ -108,7 +113,7 @@ def main(argv=None) -> int:
     print(f"\ngdask plugin placed {placed} GPU tasks (plain tasks are left to Dask), moved {stats['moves']} blocks")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "device": args.backend, **result}, f, indent=1)
+            json.dump({"args": vars(args), "device": args.backend, "setup": setup, **result}, f, indent=1)
     return 0 if ok else 1
 
 

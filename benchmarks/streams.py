@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 
+import _common
 import numpy as np
 
 
@@ -88,9 +89,7 @@ def make_block(i, rows, cols, backend):
     rng = np.random.default_rng(i)
     x = rng.standard_normal((rows, cols), dtype=np.float32)
     if backend == "cuda":
-        from gdask.devices import current_device
-
-        return current_device().asarray(x)
+        return _common.current_device().asarray(x)
     return x
 
 
@@ -106,9 +105,9 @@ def cuda_kernel(block, repeat=8):
 
 def run(args) -> dict:
     from distributed import Client, LocalCluster
+    from gdask.scheduling import StreamController
 
-    from gdask.devices import make_specs
-    from gdask.scheduling import DeviceSetup, StreamController
+    make_specs, DeviceSetup = _common.make_specs, _common.DeviceSetup
 
     spec = make_specs(1, backend=args.backend, streams=1)[0]
     setup = DeviceSetup({0: spec}, max_streams=args.max_streams, adaptive_streams=True)
@@ -127,6 +126,10 @@ def run(args) -> dict:
                 f"{args.work_ms:g} ms of device work/kernel (sleep) + NumPy sum")
     print(f"device: {spec.backend} ({spec.name}); kernel: {what}")
     print(f"max streams {mx}, {rt} tasks per feedback round, {args.blocks} blocks")
+    setup_info = _common.setup(["cupy-cuda12x"] if args.backend == "cuda" else [], dtype="float32",
+                               worker="1 in-process worker", threads=f"{mx} (= max streams)",
+                               baseline="the same worker with K fixed at 1..max")
+    _common.print_setup(setup_info)
 
     with LocalCluster(n_workers=1, threads_per_worker=mx, processes=False, plugins={setup},
                       dashboard_address=":0") as cluster, Client(cluster) as client:
@@ -174,6 +177,7 @@ def run(args) -> dict:
     steady = [t for _, t in trace[args.bar_rounds:]]
     steady_thr = statistics.mean(steady) if steady else float("nan")
     result = {
+        "setup": setup_info,
         "device": spec.backend, "kernel": what, "max_streams": mx, "round_tasks": rt,
         "static": static, "best_k": best_k, "best_throughput": best,
         "adaptive": {
