@@ -259,5 +259,6 @@ def simulate(jobs: Sequence[dict], policy: Callable, world: Callable[[str, Seque
             i += 1
         dispatch()
     jct = [d["finish"] - d["arrival"] for d in done.values()]
-    return {"mean_jct": statistics.mean(jct), "makespan": max(d["finish"] for d in done.values()) - pending[0]["arrival"],
+    return {"mean_jct": statistics.mean(jct),
+            "makespan": max(d["finish"] for d in done.values()) - pending[0]["arrival"],
             "mean_wait": statistics.mean(d["start"] - d["arrival"] for d in done.values())}

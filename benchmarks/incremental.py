@@ -337,7 +337,8 @@ def main(argv=None):
                    help="gdask.ml.pagerank method(s) to run (the first one is checked against the bars)")
     p.add_argument("--orders", nargs="+", default=["link", "shuffled"], choices=["link", "shuffled"],
                    help="PageRank node orders: the generator's (numbers follow the links) and/or a random renumbering")
-    p.add_argument("--shuffle", action="store_true", help="PageRank: the shuffled order only (same as --orders shuffled)")
+    p.add_argument("--shuffle", action="store_true",
+                   help="PageRank: the shuffled order only (same as --orders shuffled)")
     p.add_argument("--networkx-max-nodes", type=int, default=300_000,
                    help="run networkx.pagerank on graphs up to this many nodes (its DiGraph takes ~0.5 kB per edge)")
     p.add_argument("--quick", action="store_true",
@@ -355,9 +356,9 @@ def main(argv=None):
     warnings.filterwarnings("ignore", message="Sending large graph")
 
     from distributed import Client
-    from gdask.gdataset import ExecutionLog
 
     import gdask
+    from gdask.gdataset import ExecutionLog
 
     res = {"device": "emulated (CPU)", "devices": args.devices, "args": vars(args)}
     with gdask.LocalGPUCluster(n_devices=args.devices, backend="emulated", device_memory="3GiB",

@@ -3,7 +3,8 @@
 gdask runs its default algorithm ("auto": Hamerly bounds from 8 features up, the same assignments
 as Lloyd) and, as "gdask (lloyd)", plain Lloyd; both run their loop on the workers (one task per
 worker, partials exchanged between workers), and "gdask (client loop)" is the default algorithm
-with one graph per iteration from the client (config ``gdask.ml.worker-loop: false``). Same data, same initial centers, same number of iterations (tol=0), one run. Time per iteration is
+with one graph per iteration from the client (config ``gdask.ml.worker-loop: false``). Same data,
+same initial centers, same number of iterations (tol=0), one run. Time per iteration is
 the whole ``fit`` (validation, set-up, iterations, final labels) divided by the iterations, the same
 definition for every implementation, best of ``--repeat`` fits (shared machines are noisy). Prints a
 table with time per iteration, ratio to scikit-learn and agreement of centers; ``--json PATH``
@@ -224,7 +225,8 @@ def main(argv=None):
               f"{results['gdask'][0] / floor:.1f}x that")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"setup": setup, "backend": kind, "devices": ndev, "rows": n, "features": a.features, "k": a.clusters,
+            json.dump({"setup": setup, "backend": kind, "devices": ndev, "rows": n, "features": a.features,
+                       "k": a.clusters,
                        "iterations": a.iterations, "repeat": a.repeat,
                        "gdask_loop_ms_per_iter": gdask_loop * 1e3,
                        "read_bandwidth_gb_s": None if bw is None else bw / 1e9, "results": rows}, f, indent=2)

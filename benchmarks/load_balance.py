@@ -270,8 +270,9 @@ def main(argv=None) -> int:
         later = [a["ratio"] for a in g["iterations"][2:]]
         met = bool(later) and max(later) <= 1.10
         stock_later = [b["ratio"] for b in s["iterations"][2:]]
+        mean_later = statistics.mean(later) if later else float("nan")
         print(f"bar (gdask <= 1.10x ideal {used} from iteration 3): {'MET' if met else 'NOT MET'} "
-              f"(gdask max {max(later, default=float('nan')):.3f}, mean {statistics.mean(later) if later else float('nan'):.3f}; "
+              f"(gdask max {max(later, default=float('nan')):.3f}, mean {mean_later:.3f}; "
               f"stock mean {statistics.mean(stock_later) if stock_later else float('nan'):.3f})")
         ok = ok and met and same
     if "placement_stats" in res["gdask"]:

@@ -161,8 +161,9 @@ def main(argv=None):
     ref = results[ref_name]
     ref_t = ref["fit_s"] / max(ref["n_iter"], 1)
     ref_proba = ref["model"].predict_proba(X32)
+    sk_threads = next((r["threads"] for k, r in results.items() if k.startswith("scikit")), "n/a")
     setup = _common.setup(["scikit-learn", "scipy", "numba", "dask-ml"], data_dtypes=",".join(dtypes),
-                          sklearn_threads=f"this process, {next((r['threads'] for k, r in results.items() if k.startswith('scikit')), 'n/a')}",
+                          sklearn_threads=f"this process, {sk_threads}",
                           gdask=f"{ndev} {kind} devices, worker threads {threads}",
                           dtype_conversion="outside the timed region (one copy per dtype before any fit)")
     print(f"\nLogisticRegression {n:,} x {a.features}, {a.classes} classes, C={a.C}, tol=1e-4; gdask "

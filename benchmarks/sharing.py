@@ -152,9 +152,9 @@ def profile_kinds(client, iterations: int, scale: float) -> None:
 def run_policy(policy: str, jobs: list[dict], args) -> dict:
     import dask
     from distributed import Client
-    from gdask.scheduling import jobs as jobs_table
 
     import gdask
+    from gdask.scheduling import jobs as jobs_table
 
     with dask.config.set({"gdask.scheduling.sharing.policy": policy}):
         cluster = gdask.LocalGPUCluster(n_devices=4, backend="emulated", device_memory=args.device_memory,
@@ -195,6 +195,7 @@ def table_worlds(args, log) -> dict:
     roofline, real); see the module docstring."""
     import _corun
     import _worlds
+
     from gdask.scheduling import (
         InterferenceModel,
         JobProfile,
@@ -388,7 +389,8 @@ def main(argv=None) -> int:
     worlds = table_worlds(args, log)
     report_worlds(worlds, emulated)
     if "real" in worlds:
-        print(f"real-contention world: interference model MAPE on new co-locations {100 * worlds['real']['mape_new']:.1f}%")
+        mape = 100 * worlds["real"]["mape_new"]
+        print(f"real-contention world: interference model MAPE on new co-locations {mape:.1f}%")
     _common.write_json(args.json, {"setup": setup, "jobs": make_jobs(args.jobs, args.seed, args.scale, args.arrival)
                                    if "emulated" in args.worlds else [], "results": results, "worlds": worlds})
     return 0

@@ -105,6 +105,7 @@ def cuda_kernel(block, repeat=8):
 
 def run(args) -> dict:
     from distributed import Client, LocalCluster
+
     from gdask.scheduling import StreamController
 
     make_specs, DeviceSetup = _common.make_specs, _common.DeviceSetup

@@ -175,9 +175,9 @@ class Config:
 
         import dask
         from distributed import Client, wait
-        from gdask.window_cache import WindowStore, stats
 
         import gdask
+        from gdask.window_cache import WindowStore, stats
 
         a = self.a
         self._stack = stack = contextlib.ExitStack()
