@@ -296,11 +296,30 @@ class _WorkersContext(LoopContext):
         now = time.perf_counter()
         rec = self._record(record, now - self._t0)
         self._t0 = now
-        # every rank reports (the client keeps the first of each iteration): when a worker dies, the
-        # survivors' checkpoints are not lost with it. Events must be msgpack-able: the state is pickled
+        # every rank reports (the client keeps the first of each iteration) and keeps its last checkpoint in
+        # its worker's state of this loop: when a worker dies, the client asks the survivors for it, which
+        # does not depend on when their events arrive. Events must be msgpack-able: the state is pickled
+        payload = pickle.dumps((self.iteration, state, rec), protocol=5)
+        _blocks_state(self.comm.worker, self.token)[_CHECKPOINT] = payload
         if self.topic:
-            self.comm.worker.log_event(self.topic, {"checkpoint": pickle.dumps((self.iteration, state, rec),
-                                                                               protocol=5)})
+            self.comm.worker.log_event(self.topic, {"checkpoint": payload})
+
+
+_CHECKPOINT = "engine-checkpoint"
+
+
+def _blocks_state(worker: Any, token: str) -> dict:
+    """The loop's own state space on ``worker`` (the algorithm's per-block state has the token's)."""
+    from gdask.devices import context
+
+    return context(worker).state.get(f"{token}-{_CHECKPOINT}")
+
+
+def _last_checkpoint(token: str, dask_worker: Any = None) -> bytes | None:
+    from gdask.devices import context
+
+    space = context(dask_worker).state.get(f"{token}-{_CHECKPOINT}", create=False)
+    return None if space is None else space.get(_CHECKPOINT)
 
 
 def _driver_on_worker(comm: Any, algorithm: IterativeAlgorithm, mine: list, names: list[str], nblocks: int,
@@ -494,11 +513,16 @@ def _run_on_workers(algorithm: IterativeAlgorithm, datasets: dict, groups: list[
                 record(st, rec)
 
     try:
-        results = run_on_workers(client, _driver_on_worker, peers,
-                                 [(algorithm, mine[a], names, datasets[names[0]].nblocks if datasets[names[0]]
-                                   is not None else len(workers), token, last["iteration"], last["state"], topic)
-                                  for a in peers],
-                                 name=algorithm.name, on_poll=drain)
+        try:
+            results = run_on_workers(client, _driver_on_worker, peers,
+                                     [(algorithm, mine[a], names, datasets[names[0]].nblocks if datasets[names[0]]
+                                       is not None else len(workers), token, last["iteration"], last["state"], topic)
+                                      for a in peers],
+                                     name=algorithm.name, on_poll=drain)
+        except CollectiveError:
+            drain()
+            _newest_checkpoint(client, token, seen, record)
+            raise
     finally:
         client.unsubscribe_topic(topic)
     drain()
@@ -521,10 +545,29 @@ def _run_on_workers(algorithm: IterativeAlgorithm, datasets: dict, groups: list[
     return {"state": r0["state"], "finals": finals, "iteration": r0["iteration"]}
 
 
+def _newest_checkpoint(client: Any, token: str, seen: dict, record: Callable[[Any, dict], None]) -> None:
+    """After a failed loop on the workers: the newest checkpoint any surviving worker kept, recorded
+    if the events did not bring it (bounded by config ``gdask.engine.checkpoint-timeout``)."""
+    try:
+        found = client.sync(client._run, _last_checkpoint, token, on_error="ignore",
+                            callback_timeout=float(config.get("engine.checkpoint-timeout", 10)))
+    except Exception as e:  # noqa: BLE001 - the cluster may be in trouble: resume from what the events brought
+        logger.debug("could not ask the workers for their checkpoints of loop %s: %r", token, e)
+        return
+    best = max((pickle.loads(v) for v in found.values() if isinstance(v, bytes)), key=lambda c: c[0], default=None)
+    if best is not None and best[0] > seen["iteration"]:
+        for it in range(seen["iteration"] + 1, best[0]):  # iterations whose records were lost with a worker
+            record(best[1], {"iteration": it, "mode": "workers"})
+        seen["iteration"] = best[0]
+        record(best[1], best[2])
+
+
 def _drop_on_worker(token: str, dask_worker: Any = None) -> bool:
     from gdask.devices import context
 
-    return context(dask_worker).state.drop(token)
+    state = context(dask_worker).state
+    state.drop(f"{token}-{_CHECKPOINT}")
+    return state.drop(token)
 
 
 def _drop_state(client: Any, token: str) -> None:
@@ -532,6 +575,7 @@ def _drop_state(client: Any, token: str) -> None:
     from gdask.devices import context
 
     context().state.drop(token)
+    context().state.drop(f"{token}-{_CHECKPOINT}")
     if client is None:
         return
     try:  # on the client's event loop, so the caller does not wait for the broadcast's round trip

@@ -568,10 +568,28 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
 
     def decision_function(self, X: Any) -> Any:
         """Confidence scores ``X @ coef_.T + intercept_``: shape (n_samples,) for two classes,
-        else (n_samples, n_classes). NumPy, or CuPy for CuPy input."""
+        else (n_samples, n_classes). NumPy (CuPy for CuPy input); for a GDataSet or dask input a lazy
+        collection blocked like X."""
         self._check_fitted()
+        lazy = self._lazy(X, _decision_block, None)
+        if lazy is not None:
+            return lazy
         scores = self._scores(X)
         return scores.ravel() if scores.shape[1] == 1 else scores
+
+    def _lazy(self, X: Any, func: Any, dtype: Any, *extra: Any) -> Any:
+        """``func(block, coef, intercept, *extra)`` per block of a GDataSet / dask input, as a lazy
+        GDataSet (dask array for dask input); None for in-memory input."""
+        if _is_host_input(X) or _module(X) == "cupy":
+            return None
+        G, _ = self._device_input(X, reset=False)
+        coef, intercept = to_numpy(self.coef_), to_numpy(self.intercept_)
+        K = coef.shape[0]
+        score_dtype = np.result_type(G.dtype, coef.dtype)
+        ncols = {_decision_block: None if K == 1 else K, _proba_block: max(K, 2), _predict_block: None}[func]
+        out = G.map_blocks(func, coef, intercept, *extra, dtype=dtype or score_dtype, ncols=ncols,
+                           name=f"logreg-{func.__name__.strip('_')}")
+        return out if isinstance(X, GDataSet) else out.to_dask_array()
 
     def _scores(self, X: Any) -> Any:
         if _is_host_input(X):
@@ -595,27 +613,35 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
                                      name="logreg-decision").compute())
 
     def predict(self, X: Any) -> Any:
-        """Class labels: ``classes_[argmax]`` of the scores (NumPy; CuPy for CuPy input)."""
-        scores = self.decision_function(X)
+        """Class labels: ``classes_[argmax]`` of the scores. NumPy (CuPy for CuPy input); for a
+        GDataSet or dask input with numeric classes, a lazy collection blocked like X."""
+        self._check_fitted()
+        if self.classes_.dtype.kind in "biuf":
+            lazy = self._lazy(X, _predict_block, self.classes_.dtype, self.classes_)
+            if lazy is not None:
+                return lazy
+        scores = self._scores(X)
+        scores = scores.ravel() if scores.shape[1] == 1 else scores
         xp = _xp(scores)
         idx = (scores > 0).astype(int) if scores.ndim == 1 else scores.argmax(axis=1)
         classes = self.classes_ if xp is np else xp.asarray(self.classes_)
         return classes[idx]
 
     def predict_proba(self, X: Any) -> Any:
-        """Class probabilities, shape (n_samples, n_classes): sigmoid for two classes, softmax else."""
-        scores = self.decision_function(X)
-        xp = _xp(scores)
-        if scores.ndim == 1:
-            p1 = _expit(scores, xp)
-            return xp.stack([1 - p1, p1], axis=1)
-        m = scores.max(axis=1, keepdims=True)
-        e = xp.exp(scores - m)
-        return e / e.sum(axis=1, keepdims=True)
+        """Class probabilities, shape (n_samples, n_classes): sigmoid for two classes, softmax else.
+        NumPy (CuPy for CuPy input); for a GDataSet or dask input a lazy collection blocked like X."""
+        self._check_fitted()
+        lazy = self._lazy(X, _proba_block, None)
+        if lazy is not None:
+            return lazy
+        scores = self._scores(X)
+        return _probabilities(scores.ravel() if scores.shape[1] == 1 else scores)
 
     def predict_log_proba(self, X: Any) -> Any:
-        """Logarithm of :meth:`predict_proba`."""
+        """Logarithm of :meth:`predict_proba` (lazy for a GDataSet or dask input)."""
         proba = self.predict_proba(X)
+        if isinstance(proba, GDataSet) or _is_dask(proba):
+            return np.log(proba)
         return _xp(proba).log(proba)
 
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
@@ -629,7 +655,34 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
                 v = v.compute()
             return to_numpy(v) if _module(v) == "cupy" else v
 
-        return float(accuracy_score(host(y), to_numpy(self.predict(X)), sample_weight=host(sample_weight)))
+        return float(accuracy_score(host(y), to_numpy(host(self.predict(X))), sample_weight=host(sample_weight)))
+
+
+def _probabilities(scores: Any) -> Any:
+    """Class probabilities from decision scores ((n,) binary or (n, K))."""
+    xp = _xp(scores)
+    if scores.ndim == 1:
+        p1 = _expit(scores, xp)
+        return xp.stack([1 - p1, p1], axis=1)
+    m = scores.max(axis=1, keepdims=True)
+    e = xp.exp(scores - m)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _decision_block(X, coef, intercept):
+    z = _k.decision(X, coef, intercept)
+    return z[:, 0] if z.shape[1] == 1 else z
+
+
+def _proba_block(X, coef, intercept):
+    return _probabilities(_decision_block(X, coef, intercept))
+
+
+def _predict_block(X, coef, intercept, classes):
+    z = _decision_block(X, coef, intercept)
+    xp = _xp(z)
+    idx = (z > 0).astype(np.int64) if z.ndim == 1 else z.argmax(axis=1)
+    return xp.asarray(classes)[idx]
 
 
 def _encode(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
