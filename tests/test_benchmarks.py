@@ -37,9 +37,15 @@ CASES = {
                "--clusters", "4"],
     "sharing": ["--quick", "--jobs", "4", "--scale", "0.2", "--arrival", "0.05", "--corun-rounds", "1",
                 "--corun-duration", "0.25", "--mix-seeds", "1", "--mix-jobs", "6"],
+    "cycles": ["--cycles", "1", "--sharing", "0", "--rows", "20000"],
     "incremental": ["--rows", "4000", "--features", "4", "--blocks", "4", "--iterations", "3", "--refit-blocks", "8",
                     "--refit-block-rows", "100", "--nodes", "4000", "--graph-blocks", "2", "--p-back", "0.05"],
 }
+
+
+def _check_cycles(d):
+    assert d["failed"] == 0 and not any(d["totals"].values()), d  # no worker died, no heartbeat error
+    assert d["runs"][0]["ok"]
 
 
 def _check_window(d):
@@ -108,7 +114,7 @@ def _check_load_balance(d):
 
 
 CHECKS = {"window": _check_window, "sharing": _check_sharing, "logistic": _check_logistic,
-          "incremental": _check_incremental, "load_balance": _check_load_balance}
+          "incremental": _check_incremental, "load_balance": _check_load_balance, "cycles": _check_cycles}
 
 
 @pytest.mark.slow
