@@ -32,6 +32,7 @@ __all__ = [
     "ml",
     "protocol",
     "scheduling",
+    "testing",
     "to_numpy",
     "window_cache",
     "__version__",
@@ -52,6 +53,7 @@ _lazy = {
     "ml": ("gdask.ml", None),
     "protocol": ("gdask.protocol", None),
     "scheduling": ("gdask.scheduling", None),
+    "testing": ("gdask.testing", None),
     "to_numpy": ("gdask.devices", "to_numpy"),
     "window_cache": ("gdask.window_cache", None),
 }

@@ -19,3 +19,26 @@ def test_public_names():
 
     for name in gdask.__all__:
         assert getattr(gdask, name) is not None
+
+
+def test_every_public_subpackage_is_reachable_after_a_plain_import():
+    code = ("import gdask, types; mods = [gdask.scheduling, gdask.gdataset, gdask.window_cache, gdask.ml, gdask.devices, "
+            "gdask.protocol, gdask.config, gdask.testing]; assert all(isinstance(m, types.ModuleType) for m in mods); "
+            "print(gdask.scheduling.device_table.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "gdask.scheduling._client"
+
+
+def test_cli_version_and_info_errors_are_reasons():
+    import gdask
+
+    out = subprocess.run([sys.executable, "-m", "gdask._cli", "--version"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == f"gdask {gdask.__version__}"
+    env = {"PATH": "/usr/bin:/bin", "DASK_GDASK__BACKEND": "auto"}
+    out = subprocess.run([sys.executable, "-m", "gdask._cli", "info", "--backend", "cuda"], capture_output=True,
+                         text=True, timeout=120, env=env)
+    if out.returncode == 0:  # a machine with a usable GPU
+        assert "gdask backend: cuda" in out.stdout
+    else:
+        assert out.returncode == 1 and "Traceback" not in out.stderr and "cuda" in out.stderr.lower()
