@@ -22,8 +22,9 @@ def test_public_names():
 
 
 def test_every_public_subpackage_is_reachable_after_a_plain_import():
-    code = ("import gdask, types; mods = [gdask.scheduling, gdask.gdataset, gdask.window_cache, gdask.ml, gdask.devices, "
-            "gdask.protocol, gdask.config, gdask.testing]; assert all(isinstance(m, types.ModuleType) for m in mods); "
+    code = ("import gdask, types; mods = [gdask.scheduling, gdask.gdataset, gdask.window_cache, gdask.ml, "
+            "gdask.devices, gdask.protocol, gdask.config, gdask.testing]; "
+            "assert all(isinstance(m, types.ModuleType) for m in mods); "
             "print(gdask.scheduling.device_table.__module__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
