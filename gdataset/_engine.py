@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import dask
-import numpy as np
 from dask.base import tokenize
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
@@ -490,6 +489,7 @@ def _run_on_workers(algorithm: IterativeAlgorithm, datasets: dict, groups: list[
     """The loop on the workers: one task per worker holding blocks; checkpoints come back as events
     and are handed to ``record`` in this thread. Raises CollectiveError when it could not finish."""
     names = list(datasets)
+    nblocks = next(g.nblocks for g in datasets.values() if g is not None)
     peers = sorted({workers[g[0]] for g in groups})
     mine: dict[str, list] = {a: [] for a in peers}
     for g in groups:
@@ -515,9 +515,8 @@ def _run_on_workers(algorithm: IterativeAlgorithm, datasets: dict, groups: list[
     try:
         try:
             results = run_on_workers(client, _driver_on_worker, peers,
-                                     [(algorithm, mine[a], names, datasets[names[0]].nblocks if datasets[names[0]]
-                                       is not None else len(workers), token, last["iteration"], last["state"], topic)
-                                      for a in peers],
+                                     [(algorithm, mine[a], names, nblocks, token, last["iteration"], last["state"],
+                                       topic) for a in peers],
                                      name=algorithm.name, on_poll=drain)
         except CollectiveError:
             drain()
@@ -594,7 +593,3 @@ async def _drop_everywhere(client: Any, token: str) -> None:
 async def _drop_async(token: str, dask_worker: Any = None) -> bool:
     return _drop_on_worker(token, dask_worker)
 
-
-def as_host(x: Any) -> np.ndarray:
-    """A host NumPy array of a block result (NumPy, CuPy, strict arrays)."""
-    return _blocks.to_numpy(x)
