@@ -38,11 +38,12 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"\nreport\n  devices: {len(specs)} x {cluster.backend}")
         print(f"  iterations: {km.n_iter_}, median time per iteration: {median * 1e3:.1f} ms")
         print(f"  inertia: {km.inertia_:.6g}")
+        labels = km.labels_.compute()  # a GDataSet's labels are lazy, blocked like it
     from sklearn.cluster import KMeans as SKKMeans  # a dependency of gdask.ml
 
     ref = SKKMeans(k, init=init, n_init=1, max_iter=km.n_iter_, tol=0, algorithm="lloyd").fit(X)
     err = float(np.abs(km.cluster_centers_ - ref.cluster_centers_).max())
-    agree = float((km.labels_ == ref.labels_).mean())
+    agree = float((gdask.to_numpy(labels) == ref.labels_).mean())
     rel = abs(km.inertia_ - ref.inertia_) / ref.inertia_
     ok = err < 1e-3 and agree > 0.999 and rel < 1e-4
     print(f"  agreement with scikit-learn (same init): max |center diff| {err:.2e}, labels equal {agree:.4%}, "
