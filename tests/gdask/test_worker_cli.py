@@ -66,29 +66,32 @@ def _workload(client, n_workers):
     return km
 
 
-def test_scheduler_and_two_gdask_worker_processes(tmp_path):
+@pytest.mark.parametrize("layout", ["two-hosts", "one-host-two-devices"])
+def test_scheduler_and_gdask_worker_processes(tmp_path, layout):
     from distributed import Client
 
     sched_file = str(tmp_path / "scheduler.json")
     log = open(tmp_path / "log.txt", "w")
     procs = [_start([sys.executable, "-m", "distributed.cli.dask_scheduler", "--scheduler-file", sched_file,
                      "--port", "0", "--dashboard-address", ":0"], log)]
+    # two "hosts" with one emulated device each, or one gdask worker command for a node with two devices
+    nodes = [("node-a", "1"), ("node-b", "1")] if layout == "two-hosts" else [("node", "2")]
     try:
         _wait_for(sched_file)
-        for name in ("node-a", "node-b"):  # two "hosts", one emulated device each
-            procs.append(_start([sys.executable, "-m", "gdask._cli", "worker", "--scheduler-file", sched_file,
-                                 "--backend", "emulated", "--n-devices", "1", "--device-memory", "256MiB",
+        for name, n in nodes:
+            procs.append(_start([sys.executable, "-m", "gdask", "worker", "--scheduler-file", sched_file,
+                                 "--backend", "emulated", "--n-devices", n, "--device-memory", "256MiB",
                                  "--name", name], log))
         with Client(scheduler_file=sched_file, timeout=60) as client:
             km = _workload(client, 2)
             assert km.fit_mode_ == "workers"
             names = sorted(str(w["name"]) for w in client.scheduler_info(n_workers=-1)["workers"].values())
-            assert names == ["node-a-0", "node-b-0"]
+            assert names == (["node-a-0", "node-b-0"] if layout == "two-hosts" else ["node-0", "node-1"])
     finally:
         codes = _stop(procs[1:]) + _stop(procs[:1])
         log.close()
     text = (tmp_path / "log.txt").read_text(errors="replace")
-    assert codes == [0, 0, 0], text[-3000:]  # every process closed cleanly on SIGTERM
+    assert codes == [0] * len(procs), text[-3000:]  # every process closed cleanly on SIGTERM
     assert text.count("owns emulated device") == 2  # each worker names its device in its log
     assert "dictionary changed size" not in text and "heartbeat-error" not in text.lower()
 
