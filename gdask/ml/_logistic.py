@@ -627,7 +627,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
                 return None
             if isinstance(v, GDataSet) or _is_dask(v):
                 v = v.compute()
-            return to_numpy(v) if _module(v) == "cupy" else v
+            return to_numpy(v) if _module(v) in ("cupy", "array_api_strict") else v
 
         return float(accuracy_score(host(y), to_numpy(self.predict(X)), sample_weight=host(sample_weight)))
 
