@@ -377,7 +377,7 @@ def _update_state(blk: Any, centers: Any, token: str, w: Any) -> tuple[BlockBoun
     st = _get(token, blk)
     full = st is None or st.labels.shape[0] != blk.shape[0] or tuple(st.centers.shape) != cf.shape
     changed = 0
-    numpy_block = isinstance(blk, np.ndarray)
+    numpy_block = _kernels.block_kind(blk) == "numpy"
     if not full:
         if numpy_block:  # the step gives up once too many rows fail their bounds
             drift, half, m1, d1, d2, cc = _center_geometry(cf, st.centers)

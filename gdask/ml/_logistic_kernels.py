@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit
 
 from gdask.devices import array_module, array_namespace, asarray_like, astype, to_numpy
+from gdask.ml._kernels import block_kind
 
 __all__ = ["loss_grad", "loss_grad_combine", "decision", "label_counts", "label_counts_combine",
            "encode_labels", "gram", "sq_norms"]
@@ -58,7 +59,8 @@ def loss_grad(X, y, coef, intercept, w=None, class_w=None):
         K = 1, multinomial otherwise), the objective scikit-learn's lbfgs solver minimises before
         it divides by the weight sum.
     """
-    if not isinstance(X, np.ndarray):
+    kind = block_kind(X)
+    if kind != "numpy":
         ck = _cuda_kernels_for(X, coef)
         if ck is not None:
             return ck.loss_grad_cuda(X, y, coef, intercept, w, class_w)
@@ -81,7 +83,7 @@ def loss_grad(X, y, coef, intercept, w=None, class_w=None):
 
 def _cuda_kernels_for(X: Any, coef: Any) -> Any:
     """The numba.cuda kernels for a CuPy block when they can run here and take ``coef``'s classes."""
-    if array_module(X).__name__ != "cupy":
+    if block_kind(X) != "cupy":
         return None
     from gdask.ml import _cuda_kernels
 
