@@ -400,6 +400,45 @@ def test_loss_grad_large_margins_and_global_fallback(k, monkeypatch):
     _assert_loss_grad_equal(ck.loss_grad_cuda(dev(X), dev(y), coef, b), c, np.float64)
 
 
+# -- dispatch ----------------------------------------------------------------------------------------
+def test_block_functions_hand_cupy_blocks_to_the_kernels(monkeypatch):
+    """gdask's block functions run these kernels on CuPy blocks: K-means pass and labels, the bounds'
+    first pass and step, the logistic loss and gradient. In the simulator NumPy blocks pose as CuPy
+    blocks (the kernels take NumPy there); the answers are the CPU kernels'."""
+    if MODE != "sim":
+        pytest.skip("on a GPU the gpu-marked tests run real CuPy blocks through the block functions")
+    X, C = _blobs(n=180, d=4, k=4, dtype=np.float32, seed=50)
+    _assert_clear(X, C.astype(np.float32))
+    w = np.random.default_rng(51).uniform(0.1, 2.0, len(X))
+    Xl, y, coef, b = _logistic_data(150, 4, 1, np.float64, seed=52)
+    cpu = {"lloyd": _kernels.lloyd_partial(X, C, w), "assign": _kernels.assign(X, C),
+           "loss": lk.loss_grad(Xl, y, coef, b, w[:150])}
+    path = _centers_path(X, C, 2)
+    cpu_b = [_bounds.bounds_partial(X, path[0], "cpu", history=[]), _bounds.bounds_partial(X, path[1], "cpu")]
+    calls = []
+    for name in ("lloyd_partial_cuda", "assign_cuda", "first_pass_cuda", "bounds_step_cuda", "loss_grad_cuda"):
+        real = getattr(ck, name)
+        monkeypatch.setattr(ck, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    monkeypatch.setattr(ck, "usable", lambda: True)
+    monkeypatch.setattr(_kernels, "block_kind", lambda x: "cupy")
+    monkeypatch.setattr(lk, "block_kind", lambda x: "cupy")
+    _assert_lloyd_equal(_kernels.lloyd_partial(X, C, w), cpu["lloyd"], np.float32)
+    labels, mind = _kernels.assign(X, C)
+    np.testing.assert_array_equal(host(labels), cpu["assign"][0])
+    _assert_loss_grad_equal(lk.loss_grad(Xl, y, coef, b, w[:150]), cpu["loss"], np.float64)
+    gpu_b = [_bounds.bounds_partial(X, path[0], "gpu", history=[]), _bounds.bounds_partial(X, path[1], "gpu")]
+    for g, c in zip(gpu_b, cpu_b):
+        np.testing.assert_allclose(g["sums"], c["sums"], rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(g["counts"], c["counts"])
+        assert g["changed"] == c["changed"]
+    assert sorted(set(calls)) == ["assign_cuda", "bounds_step_cuda", "first_pass_cuda", "lloyd_partial_cuda",
+                                  "loss_grad_cuda"]
+    monkeypatch.setattr(ck, "usable", lambda: False)  # no usable numba.cuda: the array API code instead
+    calls.clear()
+    _assert_lloyd_equal(_kernels.host(_kernels.lloyd_partial(X, C, w)), cpu["lloyd"], np.float32)
+    assert not calls
+
+
 # -- determinism -------------------------------------------------------------------------------------
 def _bits(x):
     return np.ascontiguousarray(host(x)).view(np.uint8).tobytes() if np.ndim(host(x)) else np.float64(x).tobytes()
