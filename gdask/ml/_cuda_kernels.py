@@ -116,8 +116,8 @@ def usable() -> bool:
         with _lock:
             if not _USABLE:
                 try:
-                    ok = bool(_numba_cuda().is_available())
-                    why = "numba.cuda finds no usable GPU or driver"
+                    ok = bool(_numba_cuda().is_available()) and _smoke_test()
+                    why = "numba.cuda finds no usable GPU or driver, or its test kernel gave a wrong sum"
                 except Exception as e:  # noqa: BLE001 - numba.cuda missing or broken: reported, then not used
                     ok, why = False, f"numba.cuda cannot be used: {type(e).__name__}: {e}"
                 if not ok:
@@ -966,6 +966,17 @@ def _make_logistic(dtype: np.dtype) -> Any:
                 part[bid * nf + f] = acc
 
     return logistic
+
+
+def _smoke_test() -> bool:
+    """Compile and run the smallest kernel once on CuPy arrays (numba.cuda may import and see a GPU yet
+    lack the compiler it needs, e.g. libNVVM)."""
+    import cupy
+
+    part = cupy.arange(6, dtype=np.float64).reshape(2, 3)
+    out = _sum_partials(cupy, part, 2, 3, None)
+    cupy.cuda.get_current_stream().synchronize()
+    return bool((out.get() == np.array([3.0, 5.0, 7.0])).all())
 
 
 def logistic_fits(n_coef_rows: int) -> bool:

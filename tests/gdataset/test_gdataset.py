@@ -15,12 +15,13 @@ def _np(a):
 @pytest.fixture
 def data(xp, backend):
     """(array module of the input, input, GDataSet of it) on devices of ``backend`` (local threads, or the
-    cluster of ``bclient``)."""
+    cluster of ``bclient``); CuPy input (on a GPU) on the CUDA device instead, once."""
     if xp is not np and backend != "emulated":
-        pytest.skip("CuPy input runs on the emulated backend's fixture only")
+        pytest.skip("CuPy input runs once, on the CUDA device")
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1000, 6)).astype(np.float32)
-    return xp, xp.asarray(x), gdask.from_array(xp.asarray(x), block_rows=128)
+    with dask.config.set({"gdask.backend": "cuda"} if xp is not np else {}):
+        yield xp, xp.asarray(x), gdask.from_array(xp.asarray(x), block_rows=128)
 
 
 def _sum0(b):
