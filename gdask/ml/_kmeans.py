@@ -247,7 +247,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
             raise ValueError(
                 f"init array must have shape (n_clusters, n_features) = ({self.n_clusters}, {n_features}), got {shape}"
             )
-        if not np.isfinite(to_numpy(np.asarray(init) if not hasattr(init, "get") else init)).all():
+        if not np.isfinite(np.asarray(to_numpy(init), dtype=np.float64)).all():
             raise ValueError("init array contains NaN or infinity")
 
     def _prepare(self, X: Any, reset: bool) -> tuple[GDataSet, str]:
