@@ -26,8 +26,10 @@ class LocalGPUCluster(LocalCluster):
     n_devices : int, optional
         Number of devices (= worker processes). Default: every GPU, or config
         ``gdask.emulated.n-devices`` (2) emulated devices.
-    backend : {"auto", "cuda", "emulated"}
-        "auto" uses CUDA where a driver and a device exist.
+    backend : {"auto", "cuda", "emulated", "emulated-strict"}, optional
+        "auto" uses CUDA where a driver and a device exist. "emulated-strict": emulated devices whose
+        blocks are ``array_api_strict`` arrays (mixing them with NumPy arrays raises, as with CuPy).
+        Default: config ``gdask.backend`` ("auto").
     device_memory : int or str, optional
         Memory per device ("2GiB"). Emulated: the pool budget (default config, 4 GiB). CUDA: a cap.
     device_speeds : list of float, optional
@@ -64,7 +66,7 @@ class LocalGPUCluster(LocalCluster):
         self,
         n_devices: int | None = None,
         *,
-        backend: str = "auto",
+        backend: str | None = None,
         device_memory: int | str | None = None,
         device_speeds: list[float] | None = None,
         bandwidth: int | str | None = None,

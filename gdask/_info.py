@@ -21,16 +21,17 @@ def info(backend: str | None = None) -> dict[str, Any]:
     import distributed
     import numpy
 
-    from gdask.devices import discover, make_specs, module_available
+    from gdask.devices import BACKENDS, discover, make_specs, module_available
 
     inv = discover(backend)
     specs = make_specs(backend=inv.backend)
     versions = {"python": platform.python_version(), "dask": dask.__version__,
                 "distributed": distributed.__version__, "numpy": numpy.__version__}
-    for mod in ("numba", "cupy", "rmm", "pynvml"):
+    for mod in ("numba", "cupy", "rmm", "pynvml", "array_api_strict", "array_api_compat"):
         versions[mod] = "installed" if module_available(mod) else "not installed"
     return {
         "backend": inv.backend,
+        "backends": list(BACKENDS),
         "cuda_reason": inv.cuda_reason,
         "cuda_devices": inv.cuda_devices,
         "devices": [s.to_dict() for s in specs],
@@ -39,7 +40,8 @@ def info(backend: str | None = None) -> dict[str, Any]:
 
 
 def format_info(d: dict[str, Any]) -> str:
-    lines = [f"gdask backend: {d['backend']}", f"CUDA: {d['cuda_reason']}"]
+    lines = [f"gdask backend: {d['backend']} (backends: {', '.join(d.get('backends', ()))})",
+             f"CUDA: {d['cuda_reason']}"]
     for g in d["cuda_devices"]:
         lines.append(f"  GPU {g['index']}: {g['name']}, {format_bytes(g['memory_total'])}")
     lines.append(f"logical devices of a default LocalGPUCluster: {len(d['devices'])}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from gdask._devices import (
     BACKENDS,
+    DEVICE_BACKENDS,
     DeviceSpec,
     EmulatedDevice,
     EmulatedPool,
@@ -23,28 +24,47 @@ from gdask._devices import (
     parse_size,
     worker_state,
 )
-from gdask._devices._arrays import array_module, to_numpy
+from gdask._devices._arrays import (
+    array_module,
+    array_namespace,
+    asarray_like,
+    astype,
+    is_numpy,
+    numpy_dtype,
+    to_numpy,
+    xp_dtype,
+)
+from gdask._devices._strict import StrictDevice, is_strict  # array-api-strict is imported on first use
 
 __all__ = [
     "BACKENDS",
+    "DEVICE_BACKENDS",
     "DeviceSpec",
     "EmulatedDevice",
     "EmulatedPool",
     "Inventory",
     "LocalContext",
     "StateSpaces",
+    "StrictDevice",
     "array_module",
+    "array_namespace",
+    "asarray_like",
+    "astype",
     "context",
     "current_device",
     "discover",
+    "is_numpy",
+    "is_strict",
     "make_device",
     "make_specs",
     "module_available",
+    "numpy_dtype",
     "nvml_details",
     "parse_size",
     "setup_rmm_pool",
     "to_numpy",
     "worker_state",
+    "xp_dtype",
 ]
 
 

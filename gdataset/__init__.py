@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gdask.gdataset._blocks import sum_parts
+from gdask.gdataset._blocks import device_call, sum_parts
 from gdask.gdataset._channel import IterationChannel
 from gdask.gdataset._collective import CollectiveError, Communicator, run_on_workers
 from gdask.gdataset._core import GDataSet
@@ -23,6 +23,6 @@ from gdask.gdataset._tracker import ExecutionLog, GTracker, incremental
 
 __all__ = ["Blocks", "CollectiveError", "Communicator", "EngineResult", "ExecutionLog", "GDataSet", "GTracker",
            "IterateResult", "IterationChannel", "IterationContext", "IterativeAlgorithm", "LoopContext", "MODES",
-           "Progress", "block_workers", "default_block_rows", "exceeds_devices", "from_array", "from_dask_array",
-           "from_dataframe", "groups_of", "incremental", "iterate", "persisted_futures", "run_loop",
+           "Progress", "block_workers", "default_block_rows", "device_call", "exceeds_devices", "from_array",
+           "from_dask_array", "from_dataframe", "groups_of", "incremental", "iterate", "persisted_futures", "run_loop",
            "run_on_workers", "sum_parts"]

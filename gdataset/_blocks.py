@@ -1,7 +1,13 @@
 """Functions that run inside block tasks, on the worker that owns the device.
 
-Every GDataSet task calls one of these, so device placement, memory accounting, emulated speed and
-the coalesced layout are handled in one place.
+Every GDataSet task calls one of these, so device placement, memory accounting, emulated speed,
+host <-> device moves and the coalesced layout are handled in one place.
+
+Small host operands of a block function (centers, weights, index arrays: NumPy arrays) reach the
+device here, through the device (:func:`on_device`), for every backend whose arrays are not NumPy:
+a block function always gets its operands in its blocks' namespace and on their device. Results
+that go back to the caller leave the device here too (:func:`to_host`). Block functions are written
+against the array API standard (:func:`gdask.devices.array_namespace`), with NumPy fast paths.
 """
 
 from __future__ import annotations
@@ -11,7 +17,15 @@ from typing import Any, Callable
 import numpy as np
 from numba import njit
 
-from gdask.devices import array_module, current_device, to_numpy  # noqa: F401 (re-exported)
+from gdask.devices import (  # noqa: F401 (array_module, to_numpy re-exported)
+    array_module,
+    array_namespace,
+    asarray_like,
+    astype,
+    current_device,
+    numpy_dtype,
+    to_numpy,
+)
 
 
 def sum_parts(parts: list) -> Any:
@@ -22,11 +36,22 @@ def sum_parts(parts: list) -> Any:
     return out
 
 
-def _on_device(arg: Any, dev) -> Any:
-    """Move small host operands (centers, weights) to the device's array module."""
-    if dev.xp is not np and isinstance(arg, np.ndarray):
-        return dev.xp.asarray(arg)
+def on_device(arg: Any, dev: Any = None) -> Any:
+    """A block function's operand as the device needs it: a host NumPy array copied onto ``dev``
+    (default: this process's device) by the device itself (``dev.asarray``: counted, charged, and an
+    out-of-memory error makes room first), a NumPy scalar as a Python scalar (array API namespaces
+    take Python scalars only). Anything else, and everything on NumPy devices, is returned as is."""
+    dev = current_device() if dev is None else dev
+    if dev.xp is np:
+        return arg
+    if isinstance(arg, np.ndarray):
+        return dev.asarray(arg, order="C")
+    if isinstance(arg, np.generic):
+        return arg.item()
     return arg
+
+
+_on_device = on_device
 
 
 def coalesce(x: Any, xp=None) -> Any:
@@ -34,9 +59,10 @@ def coalesce(x: Any, xp=None) -> Any:
 
     Consecutive rows of one feature are adjacent in memory, so a kernel whose threads (or SIMD
     lanes) walk rows reads consecutive addresses. ``block.T`` is a C-contiguous ``(features, rows)``
-    view of the same memory.
+    view of the same memory. Arrays without a memory layout (array API arrays such as strict ones)
+    are returned as they are.
     """
-    if getattr(x, "ndim", 0) == 2 and not x.flags.f_contiguous:
+    if getattr(x, "ndim", 0) == 2 and hasattr(x, "flags") and not x.flags.f_contiguous:
         return (xp or array_module(x)).asfortranarray(x)
     return x
 
@@ -44,7 +70,7 @@ def coalesce(x: Any, xp=None) -> Any:
 def to_device(chunk: Any) -> Any:
     """Copy one host (or other-device) chunk into this process's device, coalesced."""
     dev = current_device()
-    return dev.asarray(chunk, order="F" if np.ndim(chunk) == 2 else "C")
+    return dev.asarray(chunk, order="F" if getattr(chunk, "ndim", np.ndim(chunk)) == 2 else "C")
 
 
 def block_op(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -52,9 +78,18 @@ def block_op(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     dev = current_device()
     args = tuple(_on_device(a, dev) for a in args)
     out = dev.run(func, *args, **kwargs)
-    if getattr(out, "ndim", 0) == 2 and not out.flags.f_contiguous:
+    if getattr(out, "ndim", 0) == 2 and hasattr(out, "flags") and not out.flags.f_contiguous:
         out = dev.adopt(coalesce(out, dev.xp))
     return out
+
+
+def device_call(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``func(*args, **kwargs)`` as device work on this process's device, its host operands moved to
+    the device first (:func:`on_device`) and its result moved to the host (:func:`to_host`): for
+    ``dask.delayed`` calls on single blocks (``dask.delayed(device_call)(f, X.block(i), centers)``)."""
+    dev = current_device()
+    args = tuple(_on_device(a, dev) for a in args)
+    return to_host(dev.compute(func, *args, **kwargs))
 
 
 def partial_op(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -65,14 +100,18 @@ def partial_op(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def to_host(x: Any) -> Any:
-    """A small result with every device array in it (also inside tuples/lists/dicts) copied to host."""
+    """A small result with every device array in it (also inside tuples/lists/dicts) copied to host
+    (:func:`gdask.devices.to_numpy`); a 0-d device array becomes a NumPy scalar."""
     if isinstance(x, (tuple, list)):
         return type(x)(to_host(v) for v in x)
     if isinstance(x, dict):
         return {k: to_host(v) for k, v in x.items()}
-    if array_module(x) is not np:
-        return x.get() if getattr(x, "ndim", 0) else x.item()
-    return x
+    if x is None or isinstance(x, (np.ndarray, np.generic, int, float, bool, complex, str)):
+        return x
+    if not hasattr(x, "shape"):
+        return x
+    out = to_numpy(x)
+    return out[()] if getattr(out, "ndim", None) == 0 else out
 
 
 def group_partial_op(func: Callable[..., Any], combine: Callable[[list], Any], nargs: int, *flat: Any,
@@ -130,19 +169,28 @@ def _moments_rows(xt, mean, m2):  # pragma: no cover - compiled
 def moments(b: Any, axis: int | None) -> tuple[int, Any, Any]:
     """``(count, mean, M2)`` of one block over ``axis`` (0 or None) in float64, for Chan et al.'s
     parallel variance. NumPy feature-major float blocks take a numba fast path."""
-    n = b.shape[0] if axis == 0 else b.size
-    if (axis == 0 and n and array_module(b) is np and b.ndim == 2 and b.flags.f_contiguous
+    n = b.shape[0] if axis == 0 else _size(b)
+    if (axis == 0 and n and isinstance(b, np.ndarray) and b.ndim == 2 and b.flags.f_contiguous
             and b.dtype in (np.float32, np.float64)):
         mean = np.empty(b.shape[1])
         m2 = np.empty(b.shape[1])
         _moments_rows(b.T, mean, m2)
         return n, mean, m2
-    bf = b.astype(np.float64, copy=False)
+    xp = array_namespace(b)
+    bf = astype(b, np.float64)
     if n == 0:
-        z = bf.sum(axis=axis) * 0
+        z = xp.sum(bf, axis=axis) * 0
         return (0, z, z)
-    mean = bf.mean(axis=axis)
-    return n, mean, ((bf - mean) ** 2).sum(axis=axis)
+    mean = xp.mean(bf, axis=axis)
+    dev = bf - mean
+    return n, mean, xp.sum(dev * dev, axis=axis)
+
+
+def _size(x: Any) -> int:
+    out = 1
+    for s in x.shape:
+        out *= int(s)
+    return out
 
 
 def concat_blocks(blocks) -> Any:
@@ -150,15 +198,54 @@ def concat_blocks(blocks) -> Any:
     blocks = list(blocks)
     if len(blocks) == 1:
         return blocks[0]
-    return array_module(blocks[0]).concatenate(blocks, axis=0)
+    if isinstance(blocks[0], np.ndarray):
+        return np.concatenate(blocks, axis=0)
+    return array_namespace(blocks[0]).concat(blocks, axis=0)
+
+
+def _is_index_array(v: Any) -> bool:
+    return isinstance(v, (list, np.ndarray)) or (hasattr(v, "shape") and hasattr(v, "dtype") and len(v.shape) > 0)
 
 
 def getitem(x: Any, index: Any) -> Any:
+    """``x[index]``. Array API arrays take the standard's indexing: integer arrays along one axis
+    (``X[:, cols]``) become ``take``, a partial index is completed with ``...``."""
+    if isinstance(x, np.ndarray) or array_module(x).__name__ == "cupy":
+        return x[index]
+    index = index if isinstance(index, tuple) else (index,)
+    arrays = [i for i, v in enumerate(index) if _is_index_array(v)]
+    if arrays:
+        if len(arrays) > 1 or any(v is None or v is Ellipsis for v in index):
+            raise IndexError(f"index {index!r} has more than integer arrays along one axis; array API "
+                             "arrays take one integer array, e.g. X[:, cols]")
+        pos = arrays[0]
+        basic = tuple(slice(None) if i == pos else v for i, v in enumerate(index))
+        axis = pos - sum(1 for v in index[:pos] if isinstance(v, int))
+        idx = index[pos]
+        idx = idx if hasattr(idx, "__array_namespace__") and not isinstance(idx, np.ndarray) else \
+            asarray_like(np.asarray(idx, dtype=np.int64), x)
+        return array_namespace(x).take(_basic(x, basic), idx, axis=axis)
+    return _basic(x, index)
+
+
+def _basic(x: Any, index: tuple) -> Any:
+    if Ellipsis not in index and sum(1 for v in index if v is not None) < x.ndim:
+        index = index + (Ellipsis,)
     return x[index]
+
+
+def _same_kind(a: Any, b: Any) -> tuple[Any, Any]:
+    """``a`` and ``b`` in their NumPy-promoted dtype (the array API does not promote across kinds)."""
+    da, db = numpy_dtype(a.dtype), numpy_dtype(b.dtype)
+    if da.kind == db.kind:
+        return a, b
+    dt = np.result_type(da, db)
+    return astype(a, dt), astype(b, dt)
 
 
 def matmul_right(blk: Any, w: Any) -> Any:
     """``blk @ w`` computed as ``(w.T @ blk.T).T`` so the result is feature-major without a copy."""
+    blk, w = _same_kind(blk, w)
     if w.ndim == 1:
         return blk @ w
     return (w.T @ blk.T).T
@@ -166,8 +253,12 @@ def matmul_right(blk: Any, w: Any) -> Any:
 
 def tmatmul(a: Any, b: Any) -> Any:
     """``a.T @ b`` for one block pair: a small dense (features x k) partial."""
+    a, b = _same_kind(a, b)
+    if a.ndim == 1:
+        return a @ b
     return a.T @ b
 
 
-def astype(x: Any, dtype: Any) -> Any:
-    return x.astype(dtype, copy=False)
+def block_astype(x: Any, dtype: Any) -> Any:
+    """``x`` in ``dtype`` (a NumPy dtype), without a copy when it has it already."""
+    return astype(x, dtype)

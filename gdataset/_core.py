@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping, Sequence
 import dask
 import dask.array as da
 import numpy as np
+from dask.array.dispatch import concatenate_lookup
 from dask.base import DaskMethodsMixin, tokenize
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
@@ -45,6 +46,18 @@ def _flatten(keys):
             yield from _flatten(k)
         else:
             yield k
+
+
+@concatenate_lookup.register_lazy("array_api_strict")
+def _register_strict_concatenate() -> None:
+    """dask.array joins the chunks of a result (``X.sum(0).compute()``) with the namespace's concat
+    when they are strict device arrays (NumPy would try to convert them, which they refuse)."""
+    import array_api_strict as xps
+
+    def concat(arrays, axis=0):
+        return xps.concat(list(arrays), axis=axis)
+
+    concatenate_lookup.register(type(xps.empty(0)), concat)
 
 
 def device_layer(tasks: Mapping, kind: str) -> MaterializedLayer:
@@ -413,7 +426,7 @@ class GDataSet(DaskMethodsMixin):
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         if method != "__call__" or kwargs.get("out") is not None or ufunc.nout != 1:
             return NotImplemented
-        return _elemwise(ufunc, *inputs, kwargs=kwargs)
+        return _elemwise(_apply_ufunc, *inputs, kwargs={"ufunc": ufunc, **kwargs}, name=ufunc.__name__)
 
     def __array_function__(self, func, types, args, kwargs):
         method = {np.sum: "sum", np.mean: "mean", np.std: "std", np.min: "min", np.max: "max",
@@ -429,7 +442,7 @@ class GDataSet(DaskMethodsMixin):
         )
 
     def astype(self, dtype: Any) -> GDataSet:
-        return _elemwise(_blocks.astype, self, np.dtype(dtype), dtype=np.dtype(dtype), ncols=self.ncols,
+        return _elemwise(_blocks.block_astype, self, np.dtype(dtype), dtype=np.dtype(dtype), ncols=self.ncols,
                          name="astype")
 
     def __getitem__(self, index: Any) -> GDataSet:
@@ -536,16 +549,52 @@ class _Transposed:
 
 
 # -- block functions (module level: stable tokens, picklable) -----------------------------------
+# Written against the array API standard: the namespace of the blocks (NumPy, CuPy, array-api-strict)
+# from gdask.devices.array_namespace; NumPy blocks keep their NumPy methods where that is faster.
+
+#: NumPy ufunc names whose array API function has another name
+_UFUNC_NAMES = {
+    "absolute": "abs", "arccos": "acos", "arccosh": "acosh", "arcsin": "asin", "arcsinh": "asinh",
+    "arctan": "atan", "arctan2": "atan2", "arctanh": "atanh", "power": "pow", "invert": "bitwise_invert",
+    "left_shift": "bitwise_left_shift", "right_shift": "bitwise_right_shift", "conjugate": "conj",
+    "true_divide": "divide",
+}
+
+
+def _apply_ufunc(*args, ufunc, **kwargs):
+    """NumPy ufunc ``ufunc`` on blocks: the ufunc itself on NumPy / CuPy blocks, the array API function
+    of the same name on others (``np.exp(X)`` on strict blocks is ``array_api_strict.exp``)."""
+    arrays = [a for a in args if hasattr(a, "shape") and not isinstance(a, np.generic)]
+    if all(isinstance(a, np.ndarray) or _blocks.array_module(a).__name__ == "cupy" for a in arrays):
+        return ufunc(*args, **kwargs)
+    xp = _blocks.array_namespace(*arrays)
+    name = _UFUNC_NAMES.get(ufunc.__name__, ufunc.__name__)
+    fn = getattr(xp, name, None)
+    if fn is None or kwargs:
+        raise TypeError(f"NumPy's {ufunc.__name__}{' with ' + str(sorted(kwargs)) if kwargs else ''} has no array "
+                        f"API equivalent in {xp.__name__}; use X.map_blocks with the namespace's functions")
+    return fn(*args)
+
+
 def _argmin1(b):
-    return b.argmin(axis=1)
+    if isinstance(b, np.ndarray):
+        return b.argmin(axis=1)
+    return _blocks.array_namespace(b).argmin(b, axis=1)
 
 
 def _argmax1(b):
-    return b.argmax(axis=1)
+    if isinstance(b, np.ndarray):
+        return b.argmax(axis=1)
+    return _blocks.array_namespace(b).argmax(b, axis=1)
 
 
 def _r_sum_chunk(b, axis):
-    return b.sum(axis=axis, dtype=np.float64 if b.dtype.kind == "f" else None)
+    if isinstance(b, np.ndarray):
+        return b.sum(axis=axis, dtype=np.float64 if b.dtype.kind == "f" else None)
+    xp = _blocks.array_namespace(b)
+    if xp.isdtype(b.dtype, "bool"):  # the standard sums numbers only: booleans count as integers
+        b = xp.astype(b, xp.int64)
+    return xp.sum(b, axis=axis, dtype=xp.float64 if xp.isdtype(b.dtype, "real floating") else None)
 
 
 def _r_sum_combine(parts):
@@ -553,20 +602,20 @@ def _r_sum_combine(parts):
 
 
 def _r_min_chunk(b, axis):
-    return b.min(axis=axis)
+    return _blocks.array_namespace(b).min(b, axis=axis)
 
 
 def _r_min_combine(parts):
-    xp = _blocks.array_module(parts[0])
+    xp = _blocks.array_namespace(*parts)
     return xp.min(xp.stack(parts), axis=0)
 
 
 def _r_max_chunk(b, axis):
-    return b.max(axis=axis)
+    return _blocks.array_namespace(b).max(b, axis=axis)
 
 
 def _r_max_combine(parts):
-    xp = _blocks.array_module(parts[0])
+    xp = _blocks.array_namespace(*parts)
     return xp.max(xp.stack(parts), axis=0)
 
 
@@ -589,21 +638,21 @@ def _r_moment_combine(parts):
 
 
 def _r_mean_finalize(parts, dtype):
-    return parts[1].astype(dtype)
+    return _blocks.astype(parts[1], dtype)
 
 
 def _r_var_finalize(parts, dtype, ddof):
     n, _, m2 = parts
-    return (m2 / max(n - ddof, 0)).astype(dtype)
+    return _blocks.astype(m2 / max(n - ddof, 0), dtype)
 
 
 def _r_std_finalize(parts, dtype, ddof):
-    xp = _blocks.array_module(parts[1])
-    return xp.sqrt(_r_var_finalize(parts, dtype, ddof))
+    var = _r_var_finalize(parts, dtype, ddof)
+    return np.sqrt(var) if isinstance(var, (np.ndarray, np.generic)) else _blocks.array_namespace(var).sqrt(var)
 
 
 def _plain_finalize(x, dtype):
-    return x.astype(dtype)
+    return _blocks.astype(x, dtype)
 
 
 # -- graph builders ------------------------------------------------------------------------------

@@ -268,7 +268,8 @@ class _WorkersContext(LoopContext):
         return self.owned
 
     def _call(self, func, args, kwargs, blocks: dict[str, Any]) -> Any:
-        resolved = [blocks.get(a.name) if isinstance(a, Blocks) else a for a in args]
+        # host operands reach the device through it, as in the tasks of the client loop
+        resolved = [blocks.get(a.name) if isinstance(a, Blocks) else _blocks.on_device(a) for a in args]
         return func(*resolved, **kwargs)
 
     def map(self, func, *args, blocks=None, name=None, **kwargs):

@@ -5,9 +5,15 @@ Emulated devices: the device tier is NumPy arrays charged to the device's ``Emul
 host tier is plain NumPy not charged to it; copies go through ``device.asarray`` /
 ``device.to_host`` (which sleep ``nbytes / bandwidth`` and count bytes when a bandwidth is set).
 
+Strict emulated devices (``emulated-strict``): the device tier is ``array_api_strict`` arrays on the
+device, charged to its pool per array object; copies go through the device's pool and
+``device.to_host`` (a NumPy copy), never through NumPy on a device array.
+
 CUDA: CuPy arrays in the worker's (RMM) pool; the host tier is pinned memory; copies run on the
-stream of the thread that does them (the prefetch thread has its own: a copy stream). CuPy is
-imported only when a CUDA device is bound. This path cannot be tested without a GPU.
+stream of the thread that does them (the prefetch thread has its own: a copy stream). Memory in use
+is what the device reports (RMM's statistics of its own pool, see ``CudaDevice.memory_used``), not
+the driver's count, which includes the pool's reservation. CuPy is imported only when a CUDA device
+is bound. This path cannot be tested without a GPU.
 """
 
 from __future__ import annotations
@@ -81,6 +87,31 @@ class EmulatedTier:
         return out
 
 
+class StrictTier(EmulatedTier):
+    """The device tier of a ``StrictDevice``: strict arrays on the device, charged to its pool."""
+
+    backend = "emulated-strict"
+
+    def owns(self, x: Any) -> bool:
+        """Whether ``x`` is a strict array of this device's pool."""
+        return bool(self.pool.owns(x))
+
+    def alloc(self, host: np.ndarray) -> Any:
+        """A device buffer for ``host`` (same shape and dtype), charged to the pool now; raises
+        ``DeviceMemoryError`` when the pool has no room."""
+        return self.pool.empty(host.shape, host.dtype)
+
+    def copy_to_device(self, dev: Any, host: np.ndarray) -> None:
+        """Fill ``dev`` from ``host``: the host->device copy (sleeps nbytes / bandwidth)."""
+        xp = self.pool.xp
+        dev[...] = xp.asarray(np.asarray(host), device=self.pool.device)
+        self.device._transfer(int(host.nbytes), "h2d")
+
+    def to_host(self, dev: Any) -> np.ndarray:
+        """A NumPy copy of ``dev`` not charged to the pool (sleeps nbytes / bandwidth)."""
+        return self.device.to_host(dev)
+
+
 class CudaTier:
     """The device tier of a ``CudaDevice``: CuPy arrays, pinned host buffers (untested here)."""
 
@@ -99,21 +130,9 @@ class CudaTier:
 
     @property
     def used(self) -> int:
-        """Device memory in use: RMM statistics when enabled, else CuPy's pool, else the driver."""
-        try:
-            import rmm
-
-            stats = rmm.statistics.get_statistics()
-            if stats is not None:
-                return int(stats.current_bytes)
-        except Exception:  # noqa: BLE001 - rmm absent or statistics not enabled
-            pass
-        alloc = getattr(self.device, "allocator", "")
-        if "rmm" not in str(alloc):
-            return int(self._cp.get_default_memory_pool().used_bytes())
-        with self.device.device:
-            free, total = self._cp.cuda.runtime.memGetInfo()
-        return int(min(self.budget, max(0, total - free)))
+        """Device memory in use by this worker, as its device counts it: the bytes allocated from its
+        RMM pool (RMM's statistics), not the pool's reservation (see ``CudaDevice.memory_used``)."""
+        return int(self.device.memory_used())
 
     def owns(self, x: Any) -> bool:
         return isinstance(x, self._cp.ndarray)
@@ -157,8 +176,11 @@ def device_tier(device: Any):
     """The tier adapter for a gdask device (``None`` for ``None``)."""
     if device is None:
         return None
-    if getattr(device, "backend", None) == "cuda":
+    backend = getattr(device, "backend", None)
+    if backend == "cuda":
         return CudaTier(device)
+    if backend == "emulated-strict":
+        return StrictTier(device)
     return EmulatedTier(device)
 
 

@@ -1,4 +1,4 @@
-"""Devices: discovery, the cuda and emulated backends, and the device owned by this process.
+"""Devices: discovery, the cuda, emulated and emulated-strict backends, and the device owned by this process.
 
 This is gdask's lowest layer. Everything that touches CuPy, RMM or NVML goes through it, lazily, so
 ``import gdask`` works on machines with no GPU and no CUDA driver.
@@ -12,11 +12,12 @@ from typing import Any
 
 from gdask import config
 from gdask._devices._emulated import EmulatedDevice, EmulatedPool
-from gdask._devices._spec import BACKENDS, DeviceSpec, parse_size
+from gdask._devices._spec import BACKENDS, DEVICE_BACKENDS, DeviceSpec, parse_size
 from gdask._errors import NoDeviceError
 
 __all__ = [
     "BACKENDS",
+    "DEVICE_BACKENDS",
     "DeviceSpec",
     "EmulatedDevice",
     "EmulatedPool",
@@ -60,8 +61,9 @@ def discover(backend: str | None = None) -> Inventory:
 
     Parameters
     ----------
-    backend : {"auto", "cuda", "emulated"}, optional
-        Defaults to config ``gdask.backend``.
+    backend : {"auto", "cuda", "emulated", "emulated-strict"}, optional
+        Defaults to config ``gdask.backend``. "emulated-strict" is an emulated backend (no GPU is
+        looked for) whose blocks are ``array_api_strict`` arrays.
 
     Raises
     ------
@@ -76,8 +78,12 @@ def discover(backend: str | None = None) -> Inventory:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     inv = Inventory()
-    if backend == "emulated":
-        inv.cuda_reason = "emulated backend requested"
+    if backend in ("emulated", "emulated-strict"):
+        if backend == "emulated-strict" and not module_available("array_api_strict"):
+            raise NoDeviceError("backend='emulated-strict' needs array-api-strict and array-api-compat: "
+                                "pip install 'gdask[strict]'")
+        inv.cuda_reason = f"{backend} backend requested"
+        inv.backend = backend
         return inv
     st = _nvml.state()
     if not st.available:
@@ -137,8 +143,8 @@ def make_specs(
         speeds = [float(s) for s in speeds]
         if len(speeds) != n:
             raise ValueError(f"device_speeds has {len(speeds)} entries but there are {n} devices")
-        specs = [DeviceSpec(index=i, backend="emulated", memory=mem, speed=speeds[i], bandwidth=bw,
-                            streams=streams)
+        specs = [DeviceSpec(index=i, backend=inv.backend, memory=mem, speed=speeds[i], bandwidth=bw,
+                            streams=streams, name=inv.backend)
                  for i in range(n)]
     if device_speeds is not None and inv.backend == "cuda":
         raise ValueError("device_speeds applies to emulated devices only; CUDA devices run at their own speed")
@@ -146,12 +152,30 @@ def make_specs(
 
 
 def make_device(spec: DeviceSpec):
-    """Create the device object (``EmulatedDevice`` or ``CudaDevice``) for ``spec``."""
+    """Create the device object (``EmulatedDevice``, ``StrictDevice`` or ``CudaDevice``) for ``spec``."""
     if spec.backend == "cuda":
         from gdask._devices._cuda import CudaDevice
 
         return CudaDevice(spec)
+    if spec.backend == "emulated-strict":
+        from gdask._devices._strict import StrictDevice
+
+        return StrictDevice(spec)
     return EmulatedDevice(spec)
+
+
+def _register_strict_sizeof() -> None:
+    """dask's ``sizeof`` learns strict arrays when it first meets one (array-api-strict is imported then)."""
+    from dask.sizeof import sizeof
+
+    @sizeof.register_lazy("array_api_strict")
+    def _register() -> None:
+        from gdask._devices._strict import register_dask
+
+        register_dask()
+
+
+_register_strict_sizeof()
 
 
 from gdask._devices._context import LocalContext, StateSpaces, context, current_device, worker_state  # noqa: E402

@@ -71,21 +71,30 @@ class LocalContext:
     Parameters
     ----------
     make_device : callable
-        ``make_device() -> device``, called once, on first use of :attr:`device`.
+        ``make_device() -> device``, called on first use of :attr:`device`.
+    key : callable, optional
+        ``key() -> value`` of the settings the device is made from (the configured backend): when
+        it changes, the next use of :attr:`device` makes a new device (so that
+        ``dask.config.set({"gdask.backend": ...})`` applies to local computations too). None: the
+        first device is kept.
     """
 
-    def __init__(self, make_device: Callable[[], Any]) -> None:
+    def __init__(self, make_device: Callable[[], Any], key: Callable[[], Any] | None = None) -> None:
         self._make_device = make_device
+        self._key = key
+        self._made_for: Any = None
         self._device: Any = None
         self._lock = threading.Lock()
         self.state = StateSpaces()
 
     @property
     def device(self) -> Any:
-        if self._device is None:
+        key = None if self._key is None else self._key()
+        if self._device is None or key != self._made_for:
             with self._lock:
-                if self._device is None:
+                if self._device is None or key != self._made_for:
                     self._device = self._make_device()
+                    self._made_for = key
         return self._device
 
 
@@ -95,8 +104,14 @@ def _local_device() -> Any:
     return make_device(make_specs(1)[0])
 
 
+def _local_key() -> Any:
+    from gdask import config
+
+    return config.get("backend", "auto")
+
+
 #: the context of code outside gdask workers (one per process; workers keep theirs on their plugin)
-_LOCAL = LocalContext(_local_device)
+_LOCAL = LocalContext(_local_device, key=_local_key)
 
 
 def _running_worker() -> Any:

@@ -1,6 +1,18 @@
 """The CUDA backend: CuPy arrays, an RMM pool per worker, CUDA streams.
 
-CuPy and RMM are imported only when a CUDA device is actually used, never at ``import gdask``.
+Memory is counted as RMM sees it: every worker's allocator is its own RMM pool (sized to the worker's
+share of the GPU: logical devices on one GPU each have a pool of their share) under a statistics
+resource adaptor, and the memory in use is the bytes allocated from that pool
+(:meth:`CudaDevice.memory_used`), not the driver's ``total - free``, which counts the pool's whole
+up-front reservation as used. The window cache, placement and ``device_table`` read it.
+
+An allocation that does not fit (CuPy's ``OutOfMemoryError`` or RMM's ``MemoryError``) is raised as
+:class:`~gdask.DeviceMemoryError` (:meth:`CudaDevice.translate_oom`) and goes through the same
+make-room-and-retry rule as on emulated devices (:meth:`DeviceBase.with_room`: the window cache
+moves blocks to the host).
+
+CuPy and RMM are imported only when a CUDA device is actually used, never at ``import gdask``. None of
+this runs without a GPU: the logic is tested with fake ``cupy`` / ``rmm`` modules.
 """
 
 from __future__ import annotations
@@ -15,40 +27,58 @@ from gdask._errors import DeviceMemoryError
 
 
 def _oom_types() -> tuple[type[BaseException], ...]:
+    """Errors of an allocation that did not fit: CuPy's ``OutOfMemoryError`` (a ``MemoryError``) and
+    RMM's ``rmm::out_of_memory``, which Cython raises as ``MemoryError``. Other RMM errors are not
+    out-of-memory errors and pass through."""
     import cupy
 
-    types: list[type[BaseException]] = [cupy.cuda.memory.OutOfMemoryError]
-    try:
-        import rmm
-
-        types.append(getattr(rmm, "RMMError", MemoryError))
-    except ImportError:
-        pass
-    types.append(MemoryError)
-    return tuple(types)
+    return (cupy.cuda.memory.OutOfMemoryError, MemoryError)
 
 
 def setup_rmm_pool(pool_size: int | None, device_memory: int) -> str:
-    """Route CuPy's allocations through an RMM pool of ``pool_size`` bytes on the current device.
+    """Route CuPy's allocations on the current device through RMM, within ``device_memory`` bytes,
+    with allocation statistics.
 
-    Returns a short description of what was set up. Without RMM installed CuPy keeps its own
-    memory pool (still a pool, just not RMM's), and the description says so.
+    ``pool_size`` bytes are reserved up front in a pool that may grow to ``device_memory`` (the
+    worker's share of the GPU); ``None``: no pool, allocations capped at ``device_memory`` by a
+    limiting adaptor. Either way a statistics adaptor sits on top, so :meth:`CudaDevice.memory_used`
+    counts the bytes allocated, not the reservation. Returns a short description of what was set
+    up. Without RMM installed CuPy keeps its own memory pool (still a pool, just not RMM's), and the
+    description says so.
     """
     import cupy
 
     try:
         import rmm
+        import rmm.mr
+        import rmm.statistics
         from rmm.allocators.cupy import rmm_cupy_allocator
     except ImportError:
         return "cupy memory pool (rmm not installed)"
+    limit = int(device_memory) // 256 * 256
     if pool_size is None:
         rmm.reinitialize(pool_allocator=False)
-        cupy.cuda.set_allocator(rmm_cupy_allocator)
-        return "rmm (no pool)"
-    pool_size = min(pool_size, device_memory) // 256 * 256
-    rmm.reinitialize(pool_allocator=True, initial_pool_size=pool_size, maximum_pool_size=device_memory // 256 * 256)
+        rmm.mr.set_current_device_resource(rmm.mr.LimitingResourceAdaptor(rmm.mr.get_current_device_resource(),
+                                                                          allocation_limit=limit))
+        what = f"rmm (no pool, at most {limit} bytes)"
+    else:
+        pool_size = min(int(pool_size), int(device_memory)) // 256 * 256
+        rmm.reinitialize(pool_allocator=True, initial_pool_size=pool_size, maximum_pool_size=limit)
+        what = f"rmm pool of {pool_size} bytes (up to {limit})"
+    rmm.statistics.enable_statistics()  # a StatisticsResourceAdaptor over the pool: bytes in use
     cupy.cuda.set_allocator(rmm_cupy_allocator)
-    return f"rmm pool of {pool_size} bytes"
+    return what + ", statistics"
+
+
+def rmm_bytes_in_use() -> int | None:
+    """Bytes allocated from this process's RMM resource (its statistics adaptor), or ``None`` when RMM
+    is not installed or keeps no statistics."""
+    try:
+        import rmm.statistics
+    except ImportError:
+        return None
+    stats = rmm.statistics.get_statistics()
+    return None if stats is None else int(stats.current_bytes)
 
 
 class CudaDevice(DeviceBase):
@@ -141,13 +171,28 @@ class CudaDevice(DeviceBase):
     def synchronize(self) -> None:
         self.device.synchronize()
 
+    def memory_used(self) -> int:
+        """Bytes of device memory this worker has allocated: RMM's statistics of the worker's own pool
+        (what the pool reserved up front but did not hand out is free); without RMM statistics,
+        CuPy's memory pool; the driver's ``total - free`` (capped at the budget) only as a last resort,
+        when gdask did not set up the allocator."""
+        used = rmm_bytes_in_use()
+        if used is not None:
+            return used
+        if "rmm" not in str(self.allocator):
+            return int(self._cupy.get_default_memory_pool().used_bytes())
+        with self.device:
+            free, total = self._cupy.cuda.runtime.memGetInfo()
+        return int(min(self.budget, max(0, total - free)))
+
     def info(self) -> dict[str, Any]:
         from gdask._devices import _nvml
 
-        free, total = self._cupy.cuda.runtime.memGetInfo()
+        used = self.memory_used()
         return {
             **self.spec.to_dict(),
-            "memory_used": int(total - free),
+            "memory_used": used,
+            "memory_free": max(0, self.budget - used),
             "allocator": self.allocator,
             "bytes_h2d": self.bytes_h2d,
             "bytes_d2h": self.bytes_d2h,

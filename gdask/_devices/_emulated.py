@@ -214,6 +214,10 @@ class EmulatedDevice(DeviceBase):
     def synchronize(self) -> None:
         """Emulated work is synchronous."""
 
+    def memory_used(self) -> int:
+        """Bytes charged to the device's pool."""
+        return int(self.pool.used)
+
     def info(self) -> dict[str, Any]:
         return {
             **self.spec.to_dict(),

@@ -7,7 +7,10 @@ from typing import Any
 
 from dask.utils import parse_bytes
 
-BACKENDS = ("auto", "cuda", "emulated")
+#: the backends a cluster can ask for ("auto" picks cuda where usable, else emulated)
+BACKENDS = ("auto", "cuda", "emulated", "emulated-strict")
+#: the backends of a device (what "auto" resolves to)
+DEVICE_BACKENDS = ("cuda", "emulated", "emulated-strict")
 
 
 def parse_size(value: str | int | float | None, *, name: str) -> int | None:
@@ -55,8 +58,8 @@ class DeviceSpec:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        if self.backend not in ("cuda", "emulated"):
-            raise ValueError(f"backend must be 'cuda' or 'emulated', got {self.backend!r}")
+        if self.backend not in DEVICE_BACKENDS:
+            raise ValueError(f"backend must be one of {DEVICE_BACKENDS}, got {self.backend!r}")
         if not self.memory or self.memory <= 0:
             raise ValueError(f"device memory must be a positive number of bytes, got {self.memory!r}")
         if not (self.speed > 0):

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 from numba import njit
 
-from gdask.devices import array_module, current_device, worker_state
+from gdask.devices import array_namespace, asarray_like, current_device, to_numpy, worker_state
 from gdask.ml import _kernels
 
 #: when more than this fraction of a block's rows must be looked at again (early iterations, when
@@ -214,96 +214,140 @@ def _assigned_sqdist(xt, cf, labels, out):  # pragma: no cover - compiled
 
 def _first_pass(blk: Any, cf: np.ndarray, w: Any) -> BlockBounds:
     """Full pass (Lloyd's tiled kernel): labels, per-cluster sums and the bounds, from the
-    expanded-form distances widened by their rounding error."""
-    xp = array_module(blk)
+    expanded-form distances widened by their rounding error. NumPy blocks: the numba kernel; CuPy
+    blocks: the numba.cuda kernel (:func:`gdask.ml._cuda_kernels.first_pass_cuda`); others: the
+    array API reference (:func:`_first_pass_xp`)."""
+    kind = _kernels.block_kind(blk)
+    if kind != "numpy":
+        ck = _kernels._cuda_for(blk, *cf.shape)
+        if ck is not None:
+            return ck.first_pass_cuda(blk, cf, w)
+        return _first_pass_xp(blk, cf, w)
     n, d = blk.shape
     k = cf.shape[0]
-    ww = None if w is None else xp.asarray(w, dtype=xp.float64)
-    if xp is np:
-        # labels and both bounds in one allocation: from 4 MiB NumPy asks for huge pages, which
-        # saves most of the page faults of first touching a new state (a few ms per block)
-        buf = np.empty(2 * n + (n + 1) // 2, np.float64)
-        ul = buf[:2 * n].reshape(2, n)
-        labels = buf[2 * n:].view(np.int32)[:n]
-        sums = np.zeros((k, d), np.float64)
-        counts = np.zeros(k, np.float64)
-        q = min(_kernels.N_FARTHEST, n)  # the farthest rows, for empty clusters (as lloyd_partial)
-        topv, topi, topl = np.full(q, -1.0), np.zeros(q, np.int64), np.zeros(q, np.int64)
-        _, sxx = _kernels._lloyd_numba(blk.T, _kernels._NO_WEIGHTS if ww is None else np.ascontiguousarray(ww),
-                                       np.ascontiguousarray(cf, dtype=blk.dtype), sums, counts, labels, labels,
-                                       False, topv, topi, topl, ul, _kernels.row_norms(blk))
-        upper, lower = ul[0], ul[1]
-        keep = topv >= 0
-        far = (topv[keep], topi[keep], topl[keep])
+    ww = None if w is None else np.asarray(w, dtype=np.float64)
+    # labels and both bounds in one allocation: from 4 MiB NumPy asks for huge pages, which
+    # saves most of the page faults of first touching a new state (a few ms per block)
+    buf = np.empty(2 * n + (n + 1) // 2, np.float64)
+    ul = buf[:2 * n].reshape(2, n)
+    labels = buf[2 * n:].view(np.int32)[:n]
+    sums = np.zeros((k, d), np.float64)
+    counts = np.zeros(k, np.float64)
+    q = min(_kernels.N_FARTHEST, n)  # the farthest rows, for empty clusters (as lloyd_partial)
+    topv, topi, topl = np.full(q, -1.0), np.zeros(q, np.int64), np.zeros(q, np.int64)
+    _, sxx = _kernels._lloyd_numba(blk.T, _kernels._NO_WEIGHTS if ww is None else np.ascontiguousarray(ww),
+                                   np.ascontiguousarray(cf, dtype=blk.dtype), sums, counts, labels, labels,
+                                   False, topv, topi, topl, ul, _kernels.row_norms(blk))
+    keep = topv >= 0
+    return BlockBounds(weakref.ref(blk), np.asarray(cf), labels, ul[0], ul[1], sums, counts,
+                       (topv[keep], topi[keep], topl[keep]), sxx)
+
+
+def _first_pass_xp(blk: Any, cf: np.ndarray, w: Any) -> BlockBounds:
+    """:func:`_first_pass` written against the array API standard (the reference): distances in
+    float64, the lower bound widened by the expanded form's rounding error."""
+    xp = array_namespace(blk)
+    n, d = blk.shape
+    k = cf.shape[0]
+    c = asarray_like(np.asarray(cf, dtype=np.float64), blk)
+    x = xp.astype(blk, xp.float64)
+    xn = xp.sum(x * x, axis=1)
+    d2 = xn[:, None] - 2.0 * (x @ c.T) + xp.sum(c * c, axis=1)[None, :]
+    labels = xp.argmin(d2, axis=1)
+    diff = x - xp.take(c, labels, axis=0)
+    upper = xp.sqrt(xp.sum(diff * diff, axis=1))
+    if k > 1:
+        own = labels[:, None] == xp.arange(k, device=_kernels._device(blk))[None, :]
+        e = (d + 8) * float(np.finfo(np.float64).eps) * (xp.sqrt(xn) + float(np.sqrt((cf * cf).sum(1).max()))) ** 2
+        lower = xp.sqrt(xp.clip(xp.min(xp.where(own, xp.inf, d2), axis=1) - e, min=0.0))
     else:
-        c = xp.asarray(cf)
-        x = blk.astype(xp.float64)
-        xn = (x * x).sum(1)
-        d2 = xn[:, None] - 2.0 * (x @ c.T) + (c * c).sum(1)[None, :]
-        labels = d2.argmin(1)
-        diff = x - c[labels]
-        upper = xp.sqrt((diff * diff).sum(1))
-        d2[xp.arange(n), labels] = xp.inf
-        e = (d + 8) * np.finfo(np.float64).eps * (xp.sqrt(xn) + float(np.sqrt((cf * cf).sum(1).max()))) ** 2
-        lower = xp.sqrt(xp.maximum(d2.min(1) - e, 0.0)) if k > 1 else xp.full(n, xp.inf)
-        sums = xp.zeros((k, d), xp.float64)
-        _scatter_add(xp, sums, labels, x if ww is None else x * ww[:, None])
-        counts = xp.bincount(labels, weights=ww, minlength=k).astype(xp.float64)
-        top = xp.argsort(-upper)[:min(_kernels.N_FARTHEST, n)]
-        far = (_to_np(upper[top] ** 2), _to_np(top), _to_np(labels[top]))
-        sxx = float(xn.sum() if ww is None else xn @ ww)
-    return BlockBounds(weakref.ref(blk), xp.asarray(cf), xp.asarray(labels, dtype=xp.int32), upper, lower, sums,
-                       counts, far, sxx)
+        lower = xp.full((n,), xp.inf, dtype=xp.float64, device=_kernels._device(blk))
+    ww = None if w is None else xp.astype(w, xp.float64)
+    sums, counts = _kernels.cluster_sums(labels, x, ww, k)
+    top = xp.argsort(upper, descending=True, stable=True)[:min(_kernels.N_FARTHEST, n)]
+    tu = xp.take(upper, top)
+    far = (to_numpy(tu * tu), to_numpy(top), to_numpy(xp.take(labels, top)))  # small: to the host now
+    sxx = float(xp.sum(xn) if ww is None else xp.sum(xn * ww))
+    return BlockBounds(weakref.ref(blk), c, xp.astype(labels, xp.int32), upper, lower, sums, counts, far, sxx)
 
 
-def _scatter_add(xp: Any, sums: Any, labels: Any, rows: Any) -> None:
-    xp.add.at(sums, labels, rows)
+def _expand(mask: Any, vals: Any, old: Any) -> Any:
+    """``old`` with ``vals`` put at the positions where ``mask`` is true, in order (a scatter to the
+    increasing positions of a mask, as a gather: the standard's arrays take no integer-array
+    assignment)."""
+    xp = array_namespace(old)
+    m = vals.shape[0]
+    if m == 0:
+        return old
+    pos = xp.cumulative_sum(xp.astype(mask, xp.int64)) - 1
+    return xp.where(mask, xp.take(vals, xp.clip(pos, min=0, max=m - 1), axis=0), old)
 
 
 def _step_xp(blk: Any, cf: np.ndarray, st: BlockBounds, w: Any) -> int:
-    """The bounds step written with array operations (CuPy blocks; the reference for the numba one)."""
-    xp = array_module(blk)
-    c = xp.asarray(cf)
-    drift, half, m1, d1, d2, _ = (xp.asarray(v) if isinstance(v, np.ndarray) else v
-                                  for v in _center_geometry(cf, _to_np(st.centers)))
+    """The bounds step written against the array API standard (the reference of the numba and CUDA
+    steps; what blocks of other namespaces run). Returns the rows that changed cluster; the state's
+    labels, bounds, sums and counts are replaced by new arrays."""
+    xp = array_namespace(blk)
+    k = cf.shape[0]
+    c = asarray_like(np.asarray(cf, dtype=np.float64), blk)
+    drift, half, m1, d1, d2, _ = _center_geometry(cf, to_numpy(st.centers))
     a = st.labels
-    u = st.upper + drift[a]
-    lo = st.lower - xp.where(a == m1, d2, d1)
-    z = xp.maximum(lo, half[a])
-    idx = xp.nonzero(u > z)[0]
-    if idx.size:
-        x = blk[idx].astype(xp.float64)
-        u[idx] = xp.sqrt(((x - c[a[idx]]) ** 2).sum(1))
-        far = u[idx] > z[idx]
-        idx, x = idx[far], x[far]
-    if idx.size:
-        dist = xp.sqrt(xp.maximum(((x[:, None, :] - c[None, :, :]) ** 2).sum(-1), 0.0))
-        new = dist.argmin(1)
-        best = dist[xp.arange(idx.size), new]
-        dist[xp.arange(idx.size), new] = xp.inf
-        second = dist.min(1) if c.shape[0] > 1 else xp.full(idx.size, xp.inf)
-        old = a[idx]
-        moved = new != old
-        if bool(moved.any()):
-            ww = xp.ones(idx.size) if w is None else xp.asarray(w, dtype=xp.float64)[idx]
-            xw = x[moved] * ww[moved][:, None]
-            _scatter_add(xp, st.sums, old[moved], -xw)
-            _scatter_add(xp, st.sums, new[moved], xw)
-            k = c.shape[0]
-            st.counts += xp.bincount(new[moved], weights=ww[moved], minlength=k) - \
-                xp.bincount(old[moved], weights=ww[moved], minlength=k)
-        a[idx] = new
-        u[idx] = best
-        lo[idx] = second
-        changed = int(moved.sum())
-    else:
-        changed = 0
-    st.upper, st.lower = u, lo
+    u = st.upper + xp.take(asarray_like(drift, blk), a)
+    lo = st.lower - (d1 + (d2 - d1) * xp.astype(a == int(m1), xp.float64))
+    z = xp.maximum(lo, xp.take(asarray_like(half, blk), a))
+    fail = u > z
+    idx = xp.nonzero(fail)[0]
+    changed = 0
+    if idx.shape[0]:
+        x = xp.astype(xp.take(blk, idx, axis=0), xp.float64)
+        ai = xp.take(a, idx)
+        diff = x - xp.take(c, ai, axis=0)
+        ui = xp.sqrt(xp.sum(diff * diff, axis=1))
+        u = _expand(fail, ui, u)
+        far = ui > xp.take(z, idx)
+        j = xp.nonzero(far)[0]
+        if j.shape[0]:
+            mask = _expand(fail, far, xp.zeros_like(fail))  # the rows whose cluster is in doubt
+            x, ai = xp.take(x, j, axis=0), xp.take(ai, j)
+            sq = xp.sum((x[:, None, :] - c[None, :, :]) ** 2, axis=-1)
+            dist = xp.sqrt(xp.clip(sq, min=0.0))
+            new = xp.argmin(dist, axis=1)
+            best = xp.min(dist, axis=1)
+            if k > 1:
+                own = new[:, None] == xp.arange(k, device=_kernels._device(blk))[None, :]
+                second = xp.min(xp.where(own, xp.inf, dist), axis=1)
+            else:
+                second = xp.full(best.shape, xp.inf, dtype=xp.float64, device=_kernels._device(blk))
+            moved = new != ai
+            changed = int(xp.sum(xp.astype(moved, xp.int64)))
+            if changed:
+                ww = xp.ones(j.shape, dtype=xp.float64, device=_kernels._device(blk)) if w is None else \
+                    xp.take(xp.take(xp.astype(w, xp.float64), idx), j)
+                wm = xp.where(moved, ww, 0.0)
+                add_s, add_c = _kernels.cluster_sums(new, x, wm, k)
+                sub_s, sub_c = _kernels.cluster_sums(ai, x, wm, k)
+                st.sums = st.sums + add_s - sub_s
+                st.counts = st.counts + add_c - sub_c
+            a = _expand(mask, xp.astype(new, a.dtype), a)
+            u = _expand(mask, best, u)
+            lo = _expand(mask, second, lo)
+    st.labels, st.upper, st.lower = a, u, lo
+    return changed
+
+
+def _step(blk: Any, cf: np.ndarray, st: BlockBounds, w: Any) -> int:
+    """One bounds step on a CuPy block (the CUDA kernel, else the reference) or another non-NumPy
+    block (the reference); the new state arrays are charged to the device."""
+    ck = _kernels._cuda_for(blk, *cf.shape)
+    if ck is not None:
+        return ck.bounds_step_cuda(blk, cf, st, w)
+    changed = _step_xp(blk, cf, st, w)
+    _charge(st)
     return changed
 
 
 def _to_np(x: Any) -> np.ndarray:
-    return x.get() if hasattr(x, "get") else np.asarray(x)
+    return to_numpy(x)
 
 
 def _charge(st: BlockBounds) -> None:
@@ -331,25 +375,27 @@ def _update(blk: Any, centers: Any, token: str, w: Any,
 def _update_state(blk: Any, centers: Any, token: str, w: Any) -> tuple[BlockBounds, int]:
     cf = np.asarray(_to_np(centers), dtype=np.float64)
     st = _get(token, blk)
-    full = st is None or st.labels.shape[0] != blk.shape[0] or st.centers.shape != cf.shape
+    full = st is None or st.labels.shape[0] != blk.shape[0] or tuple(st.centers.shape) != cf.shape
     changed = 0
+    numpy_block = _kernels.block_kind(blk) == "numpy"
     if not full:
-        if array_module(blk) is np:  # the step gives up once too many rows fail their bounds
+        if numpy_block:  # the step gives up once too many rows fail their bounds
             drift, half, m1, d1, d2, cc = _center_geometry(cf, st.centers)
             wv = _kernels._NO_WEIGHTS if w is None else np.ascontiguousarray(w, dtype=np.float64)
             changed, _ = _hamerly_numba(blk.T, wv, cf, st.labels, st.upper, st.lower, st.sums, st.counts,
                                         drift, half, m1, d1, d2, cc, int(FULL_PASS_FRACTION * blk.shape[0]))
             full = changed < 0
         else:
-            changed = _step_xp(blk, cf, st, w)
+            changed = _step(blk, cf, st, w)
         if not full:
             st.far = None  # a step computes no exact distances for most rows
-            st.centers = cf if array_module(blk) is np else array_module(blk).asarray(cf)
+            st.centers = cf if numpy_block else asarray_like(cf, blk)
     if full:
         old = None if st is None else st.labels
         st = _first_pass(blk, cf, w)
         _charge(st)
-        changed = blk.shape[0] if old is None or old.shape != st.labels.shape else int((old != st.labels).sum())
+        changed = blk.shape[0] if old is None or tuple(old.shape) != tuple(st.labels.shape) else \
+            int(np.count_nonzero(to_numpy(old) != to_numpy(st.labels)))
     _put(token, blk, st)
     return st, changed
 
@@ -380,9 +426,10 @@ def bounds_partial(blk: Any, centers: Any, token: str, w: Any = None,
         dist, idx, lab = np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64)
     else:
         dist, idx, lab = st.far
-    out = {"sums": _to_np(st.sums).copy(), "counts": _to_np(st.counts).copy(), "inertia": float("nan"),
-           "changed": changed, "far_d": dist, "far_label": lab, "far_rows": _to_np(blk[idx]),
-           "far_w": np.ones(idx.size) if w is None else _to_np(w)[idx].astype(np.float64)}
+    out = {"sums": np.array(_to_np(st.sums), copy=True), "counts": np.array(_to_np(st.counts), copy=True),
+           "inertia": float("nan"), "changed": changed, "far_d": dist, "far_label": lab,
+           "far_rows": _to_np(_take(blk, idx)),
+           "far_w": np.ones(idx.size) if w is None else _to_np(_take(w, idx)).astype(np.float64)}
     st.memo = [*(st.memo or ())[-(MEMO - 1):], (cf, {k: (v.copy() if isinstance(v, np.ndarray) else v)
                                                      for k, v in out.items()})]
     return out
@@ -422,17 +469,27 @@ def bounds_labels(blk: Any, centers: Any, token: str, w: Any = None,
         return labels, weighted_total(mind, w)
     inertia = _inertia_from_sums(st)
     if inertia is None:
-        xp = array_module(blk)
-        if xp is np:
+        if isinstance(blk, np.ndarray):
             mind = np.empty(blk.shape[0], np.float64)
             _assigned_sqdist(blk.T, st.centers, st.labels, mind)
         else:
-            diff = blk.astype(xp.float64) - st.centers[st.labels]
-            mind = (diff * diff).sum(1)
+            xp = array_namespace(blk)
+            diff = xp.astype(blk, xp.float64) - xp.take(asarray_like(to_numpy(st.centers), blk), st.labels, axis=0)
+            mind = xp.sum(diff * diff, axis=1)
         inertia = weighted_total(mind, w)
     return st.labels, inertia
 
 
+def _take(x: Any, idx: np.ndarray) -> Any:
+    """Rows ``idx`` (host indices) of a block or weights, on the block's device."""
+    if isinstance(x, np.ndarray):
+        return x[idx]
+    return array_namespace(x).take(x, asarray_like(np.asarray(idx, dtype=np.int64), x), axis=0)
+
+
 def weighted_total(values: Any, w: Any) -> float:
     """``sum(values * w)`` (``sum(values)`` without weights) as a Python float."""
-    return float(values.sum() if w is None else (values * w).sum())
+    if isinstance(values, np.ndarray) and (w is None or isinstance(w, np.ndarray)):
+        return float(values.sum() if w is None else (values * w).sum())
+    xp = array_namespace(values, w)
+    return float(xp.sum(values) if w is None else xp.sum(values * w))

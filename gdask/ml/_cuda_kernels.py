@@ -12,11 +12,19 @@ Every kernel runs one thread per row of the block in a grid-stride loop. Blocks 
 (``blk.T`` is a C-contiguous ``(d, n)`` array), so the threads of a warp that read feature ``j`` of
 consecutive rows read consecutive addresses. Nothing copies the block: rows are read in its dtype
 and widened to float64 in registers where a float64 result needs them. Small operands (centers,
-coefficients) sit in shared memory when they fit. Sums are taken per thread block in shared memory
-and reach the float64 result with one atomic add per thread block and element. The farthest rows
-are kept per thread in registers, selected per thread block in shared memory (``N_FARTHEST`` rounds
-of an arg-max reduction) and finished on the host among ``grid * N_FARTHEST`` candidates: no sort
-of the block.
+coefficients) sit in shared memory when they fit. The farthest rows are kept per thread in
+registers, selected per thread block in shared memory (``N_FARTHEST`` rounds of an arg-max
+reduction) and finished on the host among ``grid * N_FARTHEST`` candidates: no sort of the block.
+
+Sums are deterministic: no floating-point atomics. Within a thread block every sum has one owner
+thread that adds its terms in row order (K-means: the rows of a tile of ``blockDim`` rows are
+grouped by cluster in shared memory first; logistic: one thread per (row group, class, feature)
+slot; totals: a fixed reduction tree); each thread block writes its partials to its own row of a
+``(grid, ...)`` buffer, and a second small kernel (:func:`_sum_partials`) adds the rows in
+thread-block order. The bounds step records the rows that change cluster and moves them between the
+per-cluster sums afterwards, in row order. So a kernel run twice on the same block with the same
+grid gives the same bits (gdask's seeded fits are bit-reproducible); against the CPU kernels the
+results agree to rounding (another summation order). Integer counters still use atomics (exact).
 
 Inputs are CuPy arrays (or any object with ``__cuda_array_interface__``), and the kernels run on the
 caller's stream (``stream=``, by default CuPy's current stream). Under the CUDA simulator
@@ -25,10 +33,12 @@ small thread blocks: that is how the kernels are tested without a GPU. Small res
 host NumPy data, per-row results stay device arrays, as from the CPU functions.
 
 numba.cuda is imported on the first call (``import gdask`` and this module do not import it), and
-each kernel is compiled once per block dtype (:data:`_KERNELS`). On a GPU the float64 atomic adds
-sum in the order in which thread blocks finish: results agree with the CPU kernels to rounding, not
-bit for bit, and may differ in their last bits from run to run. The simulator runs one launch at a
-time: call these functions from one thread when ``NUMBA_ENABLE_CUDASIM=1``.
+each kernel is compiled once per block dtype (:data:`_KERNELS`). The simulator runs one launch at a
+time: call these functions from one thread when ``NUMBA_ENABLE_CUDASIM=1``. gdask's block functions
+(:mod:`gdask.ml._kernels`, ``_bounds``, ``_logistic_kernels``) call these for CuPy blocks when
+:func:`usable` (numba.cuda with a driver, not the simulator) and fall back to their array API code
+otherwise, or for more clusters / classes than shared memory holds (:func:`lloyd_fits`,
+:func:`logistic_fits`).
 """
 
 # Kernels spell out min / max as comparisons: numba's built-in CUDA target fails to type the
@@ -37,6 +47,7 @@ time: call these functions from one thread when ``NUMBA_ENABLE_CUDASIM=1``.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import weakref
@@ -47,8 +58,10 @@ import numpy as np
 
 from gdask.ml import _bounds, _kernels
 
-__all__ = ["assign_cuda", "bounds_step_cuda", "bounds_sweep_cuda", "first_pass_cuda", "lloyd_partial_cuda",
-           "loss_grad_cuda"]
+__all__ = ["assign_cuda", "bounds_step_cuda", "bounds_sweep_cuda", "first_pass_cuda", "lloyd_fits",
+           "lloyd_partial_cuda", "logistic_fits", "loss_grad_cuda", "usable"]
+
+logger = logging.getLogger("gdask.ml")
 
 #: the ``numba.cuda`` module once a kernel was asked for; kernels name it as a module global, which
 #: the simulator swaps for its own per-launch module
@@ -89,6 +102,28 @@ def simulating() -> bool:
 
     return bool(config.ENABLE_CUDASIM)
 
+
+_USABLE: list[bool] = []
+
+
+def usable() -> bool:
+    """Whether the kernels can run on CuPy blocks in this process: numba.cuda imports and sees a driver
+    and a GPU, and the simulator (which runs on NumPy arrays) is off. Checked once per process; when
+    not, the reason is logged once and CuPy blocks take the array API code."""
+    if simulating():
+        return False
+    if not _USABLE:
+        with _lock:
+            if not _USABLE:
+                try:
+                    ok = bool(_numba_cuda().is_available()) and _smoke_test()
+                    why = "numba.cuda finds no usable GPU or driver, or its test kernel gave a wrong sum"
+                except Exception as e:  # noqa: BLE001 - numba.cuda missing or broken: reported, then not used
+                    ok, why = False, f"numba.cuda cannot be used: {type(e).__name__}: {e}"
+                if not ok:
+                    logger.warning("gdask: %s; CuPy blocks run the array API code instead of the CUDA kernels", why)
+                _USABLE.append(ok)
+    return _USABLE[0]
 
 # -- host side: inputs, streams, launch shapes ------------------------------------------------------
 def _array_module(x: Any) -> Any:
@@ -239,27 +274,36 @@ def _make_lloyd(dtype: np.dtype) -> Any:
     none = np.iinfo(np.int64).max
 
     @cuda.jit
-    def lloyd(xt, w, cen, cen64, sums, counts, totals, far_d, far_i, far_l, labels, rowd, lower, cmax,
-              weighted, want_rows, want_stats, want_bounds, sh_sums, sh_c):
+    def lloyd(xt, w, cen, cen64, k, part_sums, part_counts, part_tot, far_d, far_i, far_l, labels, rowd, lower,
+              cmax, weighted, want_rows, want_stats, want_bounds, sh_sums, sh_c):
         d = xt.shape[0]
         n = xt.shape[1]
-        k = counts.shape[0]
         kd = k * d
         tid = cuda.threadIdx.x
         tpb = cuda.blockDim.x
-        # dynamic shared memory, in 8-byte words: [0, tpb) float64 scratch, [tpb, 2 tpb) int64
-        # scratch, counts (k), sums (k d, when they fit), then the centers in the block's dtype
+        bid = cuda.blockIdx.x
+        # dynamic shared memory, in 8-byte words: [0, tpb) float64 scratch, [tpb, 2 tpb) int64 scratch,
+        # the tile's labels (tpb), its rows grouped by cluster (tpb), where each cluster's rows start
+        # (k + 1), this thread block's counts (k) and sums (k d, when they fit), then the centers in
+        # the block's dtype (when they fit)
         f64 = cuda.shared.array(0, float64)
         i64 = cuda.shared.array(0, int64)
         dts = cuda.shared.array(0, nbdt)
-        cnt0 = 2 * tpb
+        lab0 = 2 * tpb
+        perm0 = 3 * tpb
+        st0 = 4 * tpb
+        cnt0 = st0 + k + 1
         sum0 = cnt0 + k
         c0 = (sum0 + (kd if sh_sums else 0)) * 8 // isz
         for p in range(tid, k, tpb):
             f64[cnt0 + p] = 0.0
-        if sh_sums:
-            for p in range(tid, kd, tpb):
-                f64[sum0 + p] = 0.0
+        if want_stats:
+            if sh_sums:
+                for p in range(tid, kd, tpb):
+                    f64[sum0 + p] = 0.0
+            else:  # this thread block's row of the partial sums, in global memory
+                for p in range(tid, kd, tpb):
+                    part_sums[bid * kd + p] = 0.0
         if sh_c:
             for p in range(tid, kd, tpb):
                 dts[c0 + p] = cen[p]
@@ -275,88 +319,130 @@ def _make_lloyd(dtype: np.dtype) -> Any:
         my_inertia = 0.0
         my_sxx = 0.0
         cuda.syncthreads()
-        i = cuda.blockIdx.x * tpb + tid
+        base = bid * tpb
         stride = cuda.gridDim.x * tpb
-        while i < n:
-            lab = 0
-            best = inf
-            second = inf
-            for c in range(k):  # ties keep the lowest index; a NaN row gets cluster 0, as on the CPU
-                if sh_c:
-                    a = sqdist(xt, i, dts, c0 + c * d, d)
+        while base < n:  # one tile of tpb rows per round: the same trip count for the whole block
+            i = base + tid
+            lab = -1
+            if i < n:
+                lab = 0
+                best = inf
+                second = inf
+                for c in range(k):  # ties keep the lowest index; a NaN row gets cluster 0, as on the CPU
+                    if sh_c:
+                        a = sqdist(xt, i, dts, c0 + c * d, d)
+                    else:
+                        a = sqdist(xt, i, cen, c * d, d)
+                    if c == 0:
+                        best = a
+                    elif a < best:
+                        second = best
+                        best = a
+                        lab = c
+                    elif a < second:
+                        second = a
+                xn = 0.0
+                if want_bounds:  # exact distance to the float64 center, |x|^2 for the rounding margin
+                    di = 0.0
+                    for j in range(d):
+                        x = float64(xt[j, i])
+                        xn += x * x
+                        v = x - cen64[lab * d + j]
+                        di += v * v
+                    e = (d + 8) * eps * (math.sqrt(xn) + cmax) ** 2
+                    labels[i] = lab
+                    rowd[i] = math.sqrt(di)
+                    lo2 = float64(second) - e
+                    lower[i] = math.sqrt(lo2 if lo2 > 0.0 else 0.0)
+                elif is64:
+                    di = float64(best)
+                elif sh_c:
+                    di = sqdist64(xt, i, dts, c0 + lab * d, d)
                 else:
-                    a = sqdist(xt, i, cen, c * d, d)
-                if c == 0:
-                    best = a
-                elif a < best:
-                    second = best
-                    best = a
-                    lab = c
-                elif a < second:
-                    second = a
-            xn = 0.0
-            if want_bounds:  # exact distance to the float64 center, |x|^2 for the rounding margin
-                di = 0.0
-                for j in range(d):
-                    x = float64(xt[j, i])
-                    xn += x * x
-                    v = x - cen64[lab * d + j]
-                    di += v * v
-                e = (d + 8) * eps * (math.sqrt(xn) + cmax) ** 2
-                labels[i] = lab
-                rowd[i] = math.sqrt(di)
-                lo2 = float64(second) - e
-                lower[i] = math.sqrt(lo2 if lo2 > 0.0 else 0.0)
-            elif is64:
-                di = float64(best)
-            elif sh_c:
-                di = sqdist64(xt, i, dts, c0 + lab * d, d)
-            else:
-                di = sqdist64(xt, i, cen, lab * d, d)
-            if want_rows and not want_bounds:
-                labels[i] = lab
-                rowd[i] = di
+                    di = sqdist64(xt, i, cen, lab * d, d)
+                if want_rows and not want_bounds:
+                    labels[i] = lab
+                    rowd[i] = di
+                if want_stats:
+                    wi = w[i] if weighted else 1.0
+                    my_inertia += wi * di
+                    my_sxx += wi * xn
+                    if di > thr:  # replace the nearest of the kept rows
+                        tm = 0
+                        for t in range(1, q):
+                            if tv[t] < tv[tm]:
+                                tm = t
+                        tv[tm] = di
+                        ti[tm] = i
+                        tl[tm] = lab
+                        thr = tv[0]
+                        for t in range(1, q):
+                            if tv[t] < thr:
+                                thr = tv[t]
             if want_stats:
-                wi = w[i] if weighted else 1.0
-                if sh_sums:
-                    for j in range(d):
-                        cuda.atomic.add(f64, sum0 + lab * d + j, wi * float64(xt[j, i]))
-                else:  # too many centers for shared memory: straight to the result
-                    for j in range(d):
-                        cuda.atomic.add(sums, lab * d + j, wi * float64(xt[j, i]))
-                cuda.atomic.add(f64, cnt0 + lab, wi)
-                my_inertia += wi * di
-                my_sxx += wi * xn
-                if di > thr:  # replace the nearest of the kept rows
-                    tm = 0
-                    for t in range(1, q):
-                        if tv[t] < tv[tm]:
-                            tm = t
-                    tv[tm] = di
-                    ti[tm] = i
-                    tl[tm] = lab
-                    thr = tv[0]
-                    for t in range(1, q):
-                        if tv[t] < thr:
-                            thr = tv[t]
-            i += stride
-        cuda.syncthreads()
+                # sums and counts without atomics, so that they come out the same bits every run: the
+                # tile's rows are grouped by cluster (in row order), then each (cluster, feature) sum
+                # belongs to one thread, which adds that cluster's rows in row order
+                i64[lab0 + tid] = lab
+                cuda.syncthreads()
+                for c in range(tid, k, tpb):
+                    m = 0
+                    for r in range(tpb):
+                        if i64[lab0 + r] == c:
+                            m += 1
+                    i64[st0 + c] = m
+                cuda.syncthreads()
+                if tid == 0:  # exclusive prefix sum: where each cluster's rows start
+                    acc_i = 0
+                    for c in range(k):
+                        m = i64[st0 + c]
+                        i64[st0 + c] = acc_i
+                        acc_i += m
+                    i64[st0 + k] = acc_i
+                cuda.syncthreads()
+                if lab >= 0:
+                    rank = 0
+                    for r in range(tid):
+                        if i64[lab0 + r] == lab:
+                            rank += 1
+                    i64[perm0 + i64[st0 + lab] + rank] = tid
+                cuda.syncthreads()
+                for s in range(tid, kd, tpb):
+                    c = s // d
+                    j = s - c * d
+                    acc = 0.0
+                    for p in range(i64[st0 + c], i64[st0 + c + 1]):
+                        r = base + i64[perm0 + p]
+                        if weighted:
+                            acc += w[r] * float64(xt[j, r])
+                        else:
+                            acc += float64(xt[j, r])
+                    if sh_sums:
+                        f64[sum0 + s] += acc
+                    else:
+                        part_sums[bid * kd + s] += acc
+                for c in range(tid, k, tpb):
+                    acc = 0.0
+                    for p in range(i64[st0 + c], i64[st0 + c + 1]):
+                        acc += w[base + i64[perm0 + p]] if weighted else 1.0
+                    f64[cnt0 + c] += acc
+                cuda.syncthreads()
+            base += stride
         if want_stats:
             for p in range(tid, k, tpb):
-                cuda.atomic.add(counts, p, f64[cnt0 + p])
+                part_counts[bid * k + p] = f64[cnt0 + p]
             if sh_sums:
                 for p in range(tid, kd, tpb):
-                    cuda.atomic.add(sums, p, f64[sum0 + p])
-            tot = block_sum(f64, my_inertia)
+                    part_sums[bid * kd + p] = f64[sum0 + p]
+            tot = block_sum(f64, my_inertia)  # a fixed tree over the threads: the same bits every run
             if tid == 0:
-                cuda.atomic.add(totals, 0, tot)
-            if want_bounds:
-                tot = block_sum(f64, my_sxx)
-                if tid == 0:
-                    cuda.atomic.add(totals, 1, tot)
+                part_tot[bid * 2] = tot
+            tot = block_sum(f64, my_sxx)
+            if tid == 0:
+                part_tot[bid * 2 + 1] = tot
             # the block's q farthest rows: q rounds of an arg-max over the threads' candidates
             # (larger distance first, then lower row index)
-            out0 = cuda.blockIdx.x * q
+            out0 = bid * q
             for r in range(q):
                 mv = -1.0
                 mi = none
@@ -393,16 +479,57 @@ def _make_lloyd(dtype: np.dtype) -> Any:
     return lloyd
 
 
+def _make_rowsum(_: np.dtype) -> Any:
+    @cuda.jit
+    def rowsum(part, out):
+        """``out[c] = sum_r part[r, c]`` adding the rows in order: the fixed-order reduction of the
+        thread blocks' partials (one thread per column)."""
+        col = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        while col < part.shape[1]:
+            acc = 0.0
+            for r in range(part.shape[0]):
+                acc += part[r, col]
+            out[col] = acc
+            col += stride
+
+    return rowsum
+
+
+def _sum_partials(xp: Any, part: Any, rows: int, cols: int, stream: Any) -> Any:
+    """The column sums of the ``(rows, cols)`` float64 partials (one row per thread block), rows added
+    in thread-block order on the device: a deterministic result, unlike atomic adds."""
+    out = xp.zeros(cols, np.float64)
+    if rows and cols:
+        tpb = _threads()
+        grid = max(1, min(-(-cols // tpb), SIM_MAX_BLOCKS if simulating() else 1024))
+        _kernel("rowsum", np.float64)[grid, tpb, _launch_stream(xp, stream)](_arg(part.reshape(rows, cols)),
+                                                                             _arg(out, True))
+    return out
+
+
+def _lloyd_base_words(tpb: int, k: int) -> int:
+    """8-byte words of shared memory the Lloyd kernel needs whatever fits: scratch, the tile's labels
+    and grouping, the clusters' starts and counts."""
+    return 4 * tpb + 2 * k + 1
+
+
 def _lloyd_shared(k: int, d: int, tpb: int, itemsize: int) -> tuple[bool, bool, int]:
     """Whether the sums and the centers fit in shared memory, and the bytes to ask for."""
-    used = 8 * (2 * tpb + k)
+    used = 8 * _lloyd_base_words(tpb, k)
     if used > SHARED_BUDGET:
         raise CudaKernelError(f"{k} clusters need {used} bytes of shared memory per thread block, more than "
-                              f"{SHARED_BUDGET}; use the CuPy path of gdask.ml._kernels for that many clusters")
+                              f"{SHARED_BUDGET}; use the array API path of gdask.ml._kernels for that many clusters")
     sh_sums = used + 8 * k * d <= SHARED_BUDGET
     used += 8 * k * d if sh_sums else 0
     sh_c = used + itemsize * k * d <= SHARED_BUDGET
     return sh_sums, sh_c, used + (itemsize * k * d if sh_c else 0)
+
+
+def lloyd_fits(k: int, d: int, itemsize: int = 4) -> bool:
+    """Whether the K-means kernels take ``k`` clusters (their shared memory holds the per-cluster
+    bookkeeping of a thread block); beyond, the array API code runs."""
+    return 8 * _lloyd_base_words(THREADS, k) <= SHARED_BUDGET
 
 
 def _lloyd_run(blk: Any, centers: Any, w: Any, stream: Any, *, want_rows: bool, want_stats: bool,
@@ -427,9 +554,10 @@ def _lloyd_run(blk: Any, centers: Any, w: Any, stream: Any, *, want_rows: bool, 
         wv = xp.ascontiguousarray(xp.asarray(w, dtype=np.float64)) if w is not None else xp.empty(1, np.float64)
         if w is not None and wv.shape != (n,):
             raise CudaKernelError(f"weights must have one entry per row ({n}), got shape {wv.shape}")
-        sums = xp.zeros(k * d, np.float64)
-        counts = xp.zeros(k, np.float64)
-        totals = xp.zeros(2, np.float64)
+        # one row of partials per thread block, added in thread-block order afterwards (no atomics)
+        part_sums = xp.zeros(grid * k * d if want_stats else 1, np.float64)
+        part_counts = xp.zeros(grid * k if want_stats else 1, np.float64)
+        part_tot = xp.zeros(grid * 2, np.float64)
         far_d = xp.full(grid * q, -1.0)
         far_i = xp.full(grid * q, -1, np.int64)
         far_l = xp.zeros(grid * q, np.int32)
@@ -440,14 +568,15 @@ def _lloyd_run(blk: Any, centers: Any, w: Any, stream: Any, *, want_rows: bool, 
         cmax = float(np.sqrt((cf * cf).sum(1).max()))
         if n:
             kern[grid, tpb, _launch_stream(xp, stream), shmem](
-                _arg(blk.T), _arg(wv), _arg(cen), _arg(cen64), _arg(sums, True), _arg(counts, True),
-                _arg(totals, True), _arg(far_d, True), _arg(far_i, True), _arg(far_l, True), _arg(labels, True),
+                _arg(blk.T), _arg(wv), _arg(cen), _arg(cen64), k, _arg(part_sums, True), _arg(part_counts, True),
+                _arg(part_tot, True), _arg(far_d, True), _arg(far_i, True), _arg(far_l, True), _arg(labels, True),
                 _arg(rowd, True), _arg(lower, True), cmax, w is not None, bool(want_rows), bool(want_stats),
                 bool(want_bounds), sh_sums, sh_c)
-        out: dict[str, Any] = {"xp": xp, "blk": blk, "labels": labels, "rowd": rowd, "lower": lower, "sums": sums,
-                               "counts": counts, "cf": cf}
+        out: dict[str, Any] = {"xp": xp, "blk": blk, "labels": labels, "rowd": rowd, "lower": lower, "cf": cf}
         if want_stats:
-            out["totals"] = _host(totals)
+            out["sums"] = _sum_partials(xp, part_sums, grid, k * d, stream)
+            out["counts"] = _sum_partials(xp, part_counts, grid, k, stream)
+            out["totals"] = _host(_sum_partials(xp, part_tot, grid, 2, stream))
             out["far"] = _select_far(_host(far_d), _host(far_i), _host(far_l), min(q, n))
     return out
 
@@ -539,24 +668,21 @@ def _make_hamerly(dtype: np.dtype) -> Any:
     _, _, sqdist64, _ = _common()
 
     @cuda.jit
-    def hamerly(xt, w, cf, labels, upper, lower, sums, counts, drift, half, cc, m1, d1, d2, out, weighted,
-                sh_c):
+    def hamerly(xt, cf, labels, upper, lower, drift, half, cc, m1, d1, d2, out, moved_i, moved_old, sh_c):
         d = xt.shape[0]
         n = xt.shape[1]
         k = drift.shape[0]
         tid = cuda.threadIdx.x
         tpb = cuda.blockDim.x
-        # dynamic shared memory, 8-byte words: two counters, then the centers (float64) if they fit
+        # dynamic shared memory, 8-byte words: a counter, then the centers (float64) if they fit
         i64 = cuda.shared.array(0, int64)
         f64 = cuda.shared.array(0, float64)
         if tid == 0:
             i64[0] = 0
-            i64[1] = 0
         if sh_c:
             for p in range(tid, k * d, tpb):
                 f64[2 + p] = cf[p]
         cuda.syncthreads()
-        changed = 0
         looked = 0
         i = cuda.blockIdx.x * tpb + tid
         stride = cuda.gridDim.x * tpb
@@ -598,29 +724,64 @@ def _make_hamerly(dtype: np.dtype) -> Any:
                     lo = math.sqrt(second)
                     if skipped < lo:
                         lo = skipped
-                    if bi != a:  # move the weighted row between the sums (few rows: atomics to the result)
-                        wi = w[i] if weighted else 1.0
-                        for j in range(d):
-                            x = wi * float64(xt[j, i])
-                            cuda.atomic.add(sums, a * d + j, -x)
-                            cuda.atomic.add(sums, bi * d + j, x)
-                        cuda.atomic.add(counts, a, -wi)
-                        cuda.atomic.add(counts, bi, wi)
+                    if bi != a:  # a move: recorded (in any order); the sums move afterwards, in row order
+                        slot = cuda.atomic.add(out, 0, 1)
+                        moved_i[slot] = i
+                        moved_old[slot] = a
                         labels[i] = bi
-                        changed += 1
             upper[i] = u
             lower[i] = lo
             i += stride
-        if changed:
-            cuda.atomic.add(i64, 0, changed)
         if looked:
-            cuda.atomic.add(i64, 1, looked)
+            cuda.atomic.add(i64, 0, looked)
         cuda.syncthreads()
         if tid == 0:
-            cuda.atomic.add(out, 0, i64[0])
-            cuda.atomic.add(out, 1, i64[1])
+            cuda.atomic.add(out, 1, i64[0])
 
     return hamerly
+
+
+def _make_moves(dtype: np.dtype) -> Any:
+    from numba import float64
+
+    @cuda.jit
+    def moves(xt, w, rows, old, new, sums, counts, weighted):
+        """Move the (weighted) rows that changed cluster between the per-cluster sums and counts: one
+        thread per (cluster, feature) sum and per count, adding the moves in row order (``rows``
+        sorted): the same bits every run, unlike atomic adds."""
+        d = xt.shape[0]
+        k = counts.shape[0]
+        kd = k * d
+        m = rows.shape[0]
+        s = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        while s < kd + k:
+            if s < kd:
+                c = s // d
+                j = s - c * d
+            else:
+                c = s - kd
+                j = -1
+            acc = 0.0
+            for p in range(m):
+                o = old[p]
+                nw = new[p]
+                if o == c or nw == c:
+                    r = rows[p]
+                    v = w[r] if weighted else 1.0
+                    if j >= 0:
+                        v *= float64(xt[j, r])
+                    if nw == c:
+                        acc += v
+                    else:
+                        acc -= v
+            if j >= 0:
+                sums[s] += acc
+            else:
+                counts[c] += acc
+            s += stride
+
+    return moves
 
 
 def bounds_sweep_cuda(blk: Any, centers: Any, old_centers: Any, labels: Any, upper: Any, lower: Any, sums: Any,
@@ -640,7 +801,8 @@ def bounds_sweep_cuda(blk: Any, centers: Any, old_centers: Any, labels: Any, upp
     -------
     tuple of int
         ``(changed, looked)``: rows that changed cluster (their weighted rows moved between ``sums``
-        and ``counts``), rows whose bounds failed and got their distance recomputed (float64).
+        and ``counts``, in row order, so the same bits every run), rows whose bounds failed and got
+        their distance recomputed (float64).
     """
     xp = _array_module(blk)
     blk = _float_block(blk)
@@ -660,17 +822,27 @@ def bounds_sweep_cuda(blk: Any, centers: Any, old_centers: Any, labels: Any, upp
     tpb = _threads()
     grid = _grid(n, tpb)
     sh_c = 8 * (2 + k * d) <= SHARED_BUDGET
-    kern = _kernel("hamerly", blk.dtype)
     with _stream_scope(xp, stream):
         wv = xp.ascontiguousarray(xp.asarray(w, dtype=np.float64)) if w is not None else xp.empty(1, np.float64)
         out = xp.zeros(2, np.int64)
+        moved_i = xp.empty(max(n, 1), np.int64)
+        moved_old = xp.empty(max(n, 1), np.int32)
         if n:
-            kern[grid, tpb, _launch_stream(xp, stream), 8 * (2 + (k * d if sh_c else 0))](
-                _arg(blk.T), _arg(wv), _arg(xp.asarray(cf.ravel())), _arg(labels, True), _arg(upper, True),
-                _arg(lower, True), _arg(sums.reshape(k * d), True), _arg(counts, True), _arg(xp.asarray(drift)),
-                _arg(xp.asarray(half)), _arg(xp.asarray(cc.ravel())), int(m1), float(d1), float(d2),
-                _arg(out, True), w is not None, sh_c)
+            _kernel("hamerly", blk.dtype)[grid, tpb, _launch_stream(xp, stream), 8 * (2 + (k * d if sh_c else 0))](
+                _arg(blk.T), _arg(xp.asarray(cf.ravel())), _arg(labels, True), _arg(upper, True), _arg(lower, True),
+                _arg(xp.asarray(drift)), _arg(xp.asarray(half)), _arg(xp.asarray(cc.ravel())), int(m1), float(d1),
+                float(d2), _arg(out, True), _arg(moved_i, True), _arg(moved_old, True), sh_c)
         changed, looked = (int(v) for v in _host(out))
+        if changed:
+            order = xp.argsort(moved_i[:changed])  # row order: the moves are added in it
+            rows = xp.ascontiguousarray(moved_i[:changed][order])
+            old_l = xp.ascontiguousarray(moved_old[:changed][order])
+            new_l = xp.ascontiguousarray(labels[rows])
+            slots = k * d + k
+            mgrid = max(1, min(-(-slots // tpb), SIM_MAX_BLOCKS if simulating() else 1024))
+            _kernel("moves", blk.dtype)[mgrid, tpb, _launch_stream(xp, stream)](
+                _arg(blk.T), _arg(wv), _arg(rows), _arg(old_l), _arg(new_l), _arg(sums.reshape(k * d), True),
+                _arg(counts, True), w is not None)
     return changed, looked
 
 
@@ -692,7 +864,7 @@ def _make_logistic(dtype: np.dtype) -> Any:
     isz = dtype.itemsize
 
     @cuda.jit
-    def logistic(xt, y, coef, icpt, w, cw, grad, gint, totals, weighted, has_cw, sh_c, sh_acc, groups):
+    def logistic(xt, y, coef, icpt, w, cw, part, part_loss, weighted, has_cw, sh_c, sh_acc, groups):
         d = xt.shape[0]
         n = xt.shape[1]
         kc = icpt.shape[0]
@@ -706,9 +878,13 @@ def _make_logistic(dtype: np.dtype) -> Any:
         r0 = tpb
         a0 = r0 + tpb * kc
         c0 = (a0 + (groups * nf if sh_acc else 0)) * 8 // isz
+        bid = cuda.blockIdx.x
         if sh_acc:
             for p in range(tid, groups * nf, tpb):
                 f64[a0 + p] = 0.0
+        else:  # one row group: this thread block's row of the partials, each slot owned by one thread
+            for p in range(tid, nf, tpb):
+                part[bid * nf + p] = 0.0
         if sh_c:
             for p in range(tid, kc * d, tpb):
                 dts[c0 + p] = coef[p]
@@ -774,29 +950,39 @@ def _make_logistic(dtype: np.dtype) -> Any:
                         r += groups
                 if sh_acc:
                     f64[a0 + sp] += acc
-                elif j == d:
-                    cuda.atomic.add(gint, c, acc)
                 else:
-                    cuda.atomic.add(grad, c * d + j, acc)
+                    part[bid * nf + sp] += acc
                 sp += tpb
             cuda.syncthreads()
             base += stride
-        tot = block_sum(f64, my_loss)
+        tot = block_sum(f64, my_loss)  # a fixed tree: the same bits every run
         if tid == 0:
-            cuda.atomic.add(totals, 0, tot)
-        if sh_acc:  # one atomic add per (thread block, class, feature)
+            part_loss[bid] = tot
+        if sh_acc:  # this thread block's partials, the row groups added in order
             for f in range(tid, nf, tpb):
                 acc = 0.0
                 for g in range(groups):
                     acc += f64[a0 + g * nf + f]
-                c = f // (d + 1)
-                j = f - c * (d + 1)
-                if j == d:
-                    cuda.atomic.add(gint, c, acc)
-                else:
-                    cuda.atomic.add(grad, c * d + j, acc)
+                part[bid * nf + f] = acc
 
     return logistic
+
+
+def _smoke_test() -> bool:
+    """Compile and run the smallest kernel once on CuPy arrays (numba.cuda may import and see a GPU yet
+    lack the compiler it needs, e.g. libNVVM)."""
+    import cupy
+
+    part = cupy.arange(6, dtype=np.float64).reshape(2, 3)
+    out = _sum_partials(cupy, part, 2, 3, None)
+    cupy.cuda.get_current_stream().synchronize()
+    return bool((out.get() == np.array([3.0, 5.0, 7.0])).all())
+
+
+def logistic_fits(n_coef_rows: int) -> bool:
+    """Whether :func:`loss_grad_cuda` takes ``n_coef_rows`` coefficient rows (1 for binary, else the
+    number of classes): a tile's residuals must fit in shared memory."""
+    return 8 * 32 * (int(n_coef_rows) + 1) <= SHARED_BUDGET
 
 
 def loss_grad_cuda(X: Any, y: Any, coef: Any, intercept: Any, w: Any = None, class_w: Any = None, *,
@@ -846,7 +1032,10 @@ def loss_grad_cuda(X: Any, y: Any, coef: Any, intercept: Any, w: Any = None, cla
     nf = kc * (d + 1)
     groups = max(1, tpb // nf)
     sh_acc = used + 8 * groups * nf <= SHARED_BUDGET
-    used += 8 * groups * nf if sh_acc else 0
+    if sh_acc:
+        used += 8 * groups * nf
+    else:  # slots go to the thread block's row of the partials: one owner per slot, no atomics
+        groups = 1
     sh_c = used + dt.itemsize * kc * d <= SHARED_BUDGET
     used += dt.itemsize * kc * d if sh_c else 0
     grid = _grid(n, tpb)
@@ -854,15 +1043,17 @@ def loss_grad_cuda(X: Any, y: Any, coef: Any, intercept: Any, w: Any = None, cla
     with _stream_scope(xp, stream):
         wv = xp.ascontiguousarray(xp.asarray(w, dtype=np.float64)) if w is not None else xp.empty(1, np.float64)
         cw = xp.asarray(np.asarray(_host(class_w), dtype=np.float64)) if class_w is not None else xp.empty(1)
-        grad = xp.zeros(kc * d, np.float64)
-        gint = xp.zeros(kc, np.float64)
-        totals = xp.zeros(1, np.float64)
+        part = xp.zeros(grid * nf, np.float64)  # one row of partials per thread block, added in order after
+        part_loss = xp.zeros(grid, np.float64)
         if n:
             kern[grid, tpb, _launch_stream(xp, stream), used](
                 _arg(X.T), _arg(xp.asarray(y)), _arg(xp.asarray(np.ascontiguousarray(c, dtype=dt).ravel())),
-                _arg(xp.asarray(b.astype(dt))), _arg(wv), _arg(cw), _arg(grad, True), _arg(gint, True),
-                _arg(totals, True), w is not None, class_w is not None, sh_c, sh_acc, groups)
-        return float(_host(totals)[0]), _host(grad).reshape(kc, d), _host(gint)
+                _arg(xp.asarray(b.astype(dt))), _arg(wv), _arg(cw), _arg(part, True), _arg(part_loss, True),
+                w is not None, class_w is not None, sh_c, sh_acc, groups)
+        g = _host(_sum_partials(xp, part, grid, nf, stream)).reshape(kc, d + 1)
+        loss = float(_host(_sum_partials(xp, part_loss, grid, 1, stream))[0])
+        return loss, np.ascontiguousarray(g[:, :d]), np.ascontiguousarray(g[:, d])
 
 
-_FACTORIES = {"common": _make_common, "lloyd": _make_lloyd, "hamerly": _make_hamerly, "logistic": _make_logistic}
+_FACTORIES = {"common": _make_common, "lloyd": _make_lloyd, "rowsum": _make_rowsum, "hamerly": _make_hamerly,
+              "moves": _make_moves, "logistic": _make_logistic}

@@ -6,7 +6,9 @@ import contextlib
 import uuid
 from typing import Any, Iterator
 
-from gdask.devices import array_module
+import numpy as np
+
+from gdask.devices import array_namespace
 from gdask.gdataset import GDataSet
 
 
@@ -24,7 +26,10 @@ def is_host_input(X: Any) -> bool:
 
 def all_finite(b: Any) -> bool:
     """Whether a block has no NaN or infinity."""
-    return bool(b.dtype.kind in "biu" or array_module(b).isfinite(b).all())
+    if isinstance(b, np.ndarray):
+        return bool(b.dtype.kind in "biu" or np.isfinite(b).all())
+    xp = array_namespace(b)
+    return bool(xp.isdtype(b.dtype, ("bool", "integral")) or xp.all(xp.isfinite(b)))
 
 
 def check_finite(X: GDataSet, what: str = "X") -> None:

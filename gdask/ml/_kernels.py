@@ -1,18 +1,34 @@
-"""Fused K-means block kernels: distances + argmin + partial sums in one pass over a block.
+"""K-means block kernels: distances + argmin + partial sums in one pass over a block.
+
+One contract, three implementations, chosen per block:
+
+* NumPy blocks (emulated devices): fused numba CPU kernels (:func:`_lloyd_numba`).
+* CuPy blocks (CUDA): the numba.cuda kernels of :mod:`gdask.ml._cuda_kernels`, on the worker's
+  stream (the array API code below where they cannot run: no numba.cuda, or more clusters than
+  their shared memory holds).
+* Any other array API array (``array_api_strict`` on ``emulated-strict`` devices): the reference,
+  written once against the array API standard (:func:`lloyd_partial_xp`, :func:`assign_xp`), which
+  the fast kernels are tested against.
 
 Blocks are feature-major (``blk.T`` is a C-contiguous ``(d, n)`` array), so the inner loops walk
-consecutive rows of one feature: SIMD lanes on CPU (numba), threads on GPU (CuPy).
+consecutive rows of one feature: SIMD lanes on CPU (numba), threads on GPU. Small operands (the
+centers, weights) come on the blocks' device (the block task moved them there). Per-block results are
+device arrays (NumPy on emulated devices); the block task moves them to the host.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
+from typing import Any
 
 import numpy as np
 from numba import njit
 
-from gdask.devices import array_module, worker_state
+from gdask.devices import array_module, array_namespace, astype, to_numpy, worker_state
+
+logger = logging.getLogger("gdask.ml")
 
 _TILE = 128
 
@@ -211,44 +227,51 @@ def _forget_norms(cache: dict, key: int, ref: weakref.ref) -> None:
             del cache[key]
 
 
-def _is_cupy(x) -> bool:
-    return array_module(x) is not np
+def block_kind(x: Any) -> str:
+    """Which implementation a block takes: "numpy" (numba CPU kernels), "cupy" (numba.cuda kernels)
+    or "xp" (the array API reference)."""
+    if isinstance(x, np.ndarray):
+        return "numpy"
+    return "cupy" if array_module(x).__name__ == "cupy" else "xp"
 
 
-def _cupy_assign(blk, centers):
-    import cupy as cp
+def cuda_kernels() -> Any:
+    """:mod:`gdask.ml._cuda_kernels` when its kernels can run on CuPy blocks in this process, else
+    ``None`` (numba.cuda missing or without a driver, or the CUDA simulator, which runs on NumPy)."""
+    from gdask.ml import _cuda_kernels
 
-    c = centers.astype(blk.dtype, copy=False)
-    d2 = (c * c).sum(axis=1)[None, :] - 2.0 * (blk @ c.T)
-    labels = d2.argmin(axis=1)
-    diff = blk - c[labels]
-    return labels, (diff * diff).sum(axis=1, dtype=cp.float64)
+    return _cuda_kernels if _cuda_kernels.usable() else None
 
 
 #: rows per block kept as candidates for empty clusters; more empty clusters than this at once take
 #: an extra pass (``_farthest_rows`` in ``gdask.ml._kmeans``)
 N_FARTHEST = 8
 
+#: rows per slice of the array API reference's one-hot products (bounds its (rows, k) temporaries)
+XP_CHUNK = 1 << 15
+
+
+def _cuda_for(blk: Any, k: int, d: int) -> Any:
+    """The CUDA kernels for a CuPy block with ``k`` centers of ``d`` features, or None."""
+    if block_kind(blk) != "cupy":
+        return None
+    ck = cuda_kernels()
+    return ck if ck is not None and ck.lloyd_fits(k, d, blk.dtype.itemsize) else None
+
 
 def lloyd_partial(blk, centers, w=None):
     """One block's Lloyd statistics, a dict: ``sums (k, d)`` and ``counts (k,)`` (float64, weighted
     by the rows' ``w`` if given), ``inertia``, and the block's rows farthest from their centers
     (``far_d``, ``far_label``, ``far_rows``, ``far_w``), which empty clusters take as scikit-learn
-    does, without another pass over the data."""
+    does, without another pass over the data. Ties between equally far rows go to the lower row."""
     k, d = centers.shape
     q = min(N_FARTHEST, blk.shape[0])
-    if _is_cupy(blk):
-        import cupy as cp
-
-        labels, mind = _cupy_assign(blk, centers)
-        ww = cp.ones(blk.shape[0], cp.float64) if w is None else w.astype(cp.float64)
-        sums = cp.zeros((k, d), cp.float64)
-        cp.add.at(sums, labels, blk.astype(cp.float64) * ww[:, None])
-        counts = cp.bincount(labels, weights=ww, minlength=k)
-        idx = cp.argsort(-mind)[:q]
-        return {"sums": sums.get(), "counts": counts.get(), "inertia": float((mind * ww).sum()),
-                "far_d": mind[idx].get(), "far_label": labels[idx].get(), "far_rows": blk[idx].get(),
-                "far_w": ww[idx].get()}
+    kind = block_kind(blk)
+    if kind != "numpy":
+        ck = _cuda_for(blk, k, d)
+        if ck is not None:
+            return ck.lloyd_partial_cuda(blk, centers, w)
+        return lloyd_partial_xp(blk, centers, w)
     sums = np.zeros((k, d), np.float64)
     counts = np.zeros(k, np.float64)
     c = np.ascontiguousarray(centers, dtype=blk.dtype)
@@ -290,9 +313,11 @@ def lloyd_combine(parts):
 
 def assign(blk, centers):
     """Labels (int32) and exact squared distance to the nearest center (float64) of one block's rows."""
-    if _is_cupy(blk):
-        labels, mind = _cupy_assign(blk, centers)
-        return labels.astype("int32"), mind
+    if block_kind(blk) != "numpy":
+        ck = _cuda_for(blk, *centers.shape)
+        if ck is not None:
+            return ck.assign_cuda(blk, centers)
+        return assign_xp(blk, centers)
     n = blk.shape[0]
     k, d = centers.shape
     c = np.ascontiguousarray(centers, dtype=blk.dtype)
@@ -309,3 +334,71 @@ def labels_block(blk, centers):
 
 def min_sqdist(blk, centers):
     return assign(blk, centers)[1]
+
+
+# -- the array API reference ------------------------------------------------------------------------
+def assign_xp(blk, centers):
+    """:func:`assign` written against the array API standard: labels from the expanded distances in
+    the block's dtype (ties to the lower center), the squared distance to the chosen center summed
+    in float64."""
+    xp = array_namespace(blk)
+    c = astype(centers, blk.dtype)
+    d2 = xp.sum(c * c, axis=1)[None, :] - 2 * (blk @ c.T)
+    labels = xp.argmin(d2, axis=1)
+    diff = blk - xp.take(c, labels, axis=0)
+    return xp.astype(labels, xp.int32), xp.sum(diff * diff, axis=1, dtype=xp.float64)
+
+
+def cluster_sums(labels, rows, w, k: int):
+    """Per-cluster sums ``(k, d)`` of the rows (times ``w``) and per-cluster weight ``(k,)``, float64:
+    a scatter-add written as one-hot products, in slices of :data:`XP_CHUNK` rows (the standard has
+    no scatter-add; ``array_api_extra.at(x)[i].add(v)`` adds once per distinct index)."""
+    import array_api_extra as xpx
+
+    xp = array_namespace(rows)
+    n, d = rows.shape
+    sums = xp.zeros((k, d), dtype=xp.float64, device=_device(rows))
+    counts = xp.zeros((k,), dtype=xp.float64, device=_device(rows))
+    for s in range(0, n, XP_CHUNK):
+        e = min(n, s + XP_CHUNK)
+        oh = xpx.one_hot(labels[s:e], k, dtype=xp.float64, xp=xp)
+        if w is not None:
+            oh = oh * w[s:e, None]
+        sums = sums + oh.T @ xp.astype(rows[s:e, ...], xp.float64)
+        counts = counts + xp.sum(oh, axis=0)
+    return sums, counts
+
+
+def _device(x):
+    from array_api_compat import device
+
+    return device(x)
+
+
+def lloyd_partial_xp(blk, centers, w=None):
+    """:func:`lloyd_partial` written against the array API standard (the reference of the fast kernels,
+    and what blocks of other namespaces run). Returns device arrays (the farthest rows in the order
+    of their distance, larger first, then lower row index)."""
+    xp = array_namespace(blk)
+    k = centers.shape[0]
+    n = blk.shape[0]
+    labels, mind = assign_xp(blk, centers)
+    ww = None if w is None else xp.astype(w, xp.float64)
+    sums, counts = cluster_sums(labels, blk, ww, k)
+    inertia = xp.sum(mind) if ww is None else xp.sum(mind * ww)
+    idx = xp.argsort(mind, descending=True, stable=True)[:min(N_FARTHEST, n)]
+    far_w = xp.ones(idx.shape, dtype=xp.float64, device=_device(blk)) if ww is None else xp.take(ww, idx)
+    return {"sums": sums, "counts": counts, "inertia": inertia, "far_d": xp.take(mind, idx),
+            "far_label": xp.astype(xp.take(labels, idx), xp.int64), "far_rows": xp.take(blk, idx, axis=0),
+            "far_w": far_w}
+
+
+def host(x: Any) -> Any:
+    """A block kernel's result on the host (dict values, tuples and 0-d arrays too): what the block
+    task does with it (for tests and callers outside block tasks)."""
+    if isinstance(x, dict):
+        return {key: host(v) for key, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(host(v) for v in x)
+    out = to_numpy(x)
+    return out[()] if getattr(out, "ndim", None) == 0 else out

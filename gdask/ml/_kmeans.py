@@ -12,12 +12,13 @@ import dask
 import numpy as np
 from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
 
-from gdask.devices import array_module, to_numpy
+from gdask.devices import array_namespace, asarray_like, astype, to_numpy
 from gdask.gdataset import (
     GDataSet,
     IterativeAlgorithm,
     LoopContext,
     Progress,
+    device_call,
     from_array,
     from_dataframe,
     persisted_futures,
@@ -64,14 +65,27 @@ def _weighted_kmeanspp(points: np.ndarray, weights: np.ndarray, k: int, rng: np.
     return centers
 
 
+# -- block functions: device blocks, operands already on the blocks' device (the block task moved
+# them there), results that go to the host moved explicitly (gdask.devices.to_numpy) --------------
+def _take(x, idx):
+    """Rows ``idx`` (host indices, or indices on the block's device) of a device block (or weights),
+    on the block's device."""
+    if isinstance(x, np.ndarray):
+        return x[to_numpy(idx)]
+    if isinstance(idx, np.ndarray):
+        idx = asarray_like(idx.astype(np.int64, copy=False), x)
+    return array_namespace(x).take(x, idx, axis=0)
+
+
 def _sample_block(blk, centers, factor, phi, seed, w=None):
-    """k-means|| oversampling: keep each row with probability ``factor * w d(x)^2 / phi``."""
+    """k-means|| oversampling: keep each row with probability ``factor * w d(x)^2 / phi``. The draws
+    are made on the host (a seeded NumPy generator: the same rows on every backend)."""
     d2 = to_numpy(_kernels.min_sqdist(blk, centers))
     if w is not None:
         d2 = d2 * to_numpy(w)
     rng = np.random.default_rng(seed)
     keep = np.nonzero(rng.random(d2.shape[0]) < factor * d2 / phi)[0]
-    return to_numpy(blk[keep])
+    return to_numpy(_take(blk, keep))
 
 
 def _count_nearest(blk, centers, w=None):
@@ -94,12 +108,11 @@ def _concat_rows(parts):
 
 
 def _take_rows(blk, idx):
-    return to_numpy(blk[idx])
+    return to_numpy(_take(blk, idx))
 
 
 def _sum_mind(blk, centers, w=None):
-    d2 = _kernels.min_sqdist(blk, centers)
-    return float(d2.sum() if w is None else (d2 * w).sum())
+    return _bounds.weighted_total(_kernels.min_sqdist(blk, centers), w)
 
 
 class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
@@ -234,7 +247,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
             raise ValueError(
                 f"init array must have shape (n_clusters, n_features) = ({self.n_clusters}, {n_features}), got {shape}"
             )
-        if not np.isfinite(to_numpy(np.asarray(init) if not hasattr(init, "get") else init)).all():
+        if not np.isfinite(np.asarray(to_numpy(init), dtype=np.float64)).all():
             raise ValueError("init array contains NaN or infinity")
 
     def _prepare(self, X: Any, reset: bool) -> tuple[GDataSet, str]:
@@ -296,7 +309,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         for b in range(X.nblocks):
             sel = idx[(idx >= offs[b]) & (idx < offs[b + 1])] - offs[b]
             if sel.size:
-                parts.append(dask.delayed(_take_rows)(X.block(b), sel))
+                parts.append(dask.delayed(device_call)(_take_rows, X.block(b), sel))
         return np.concatenate(dask.compute(*parts), axis=0)
 
     def _init_centers(self, X: GDataSet, rng: np.random.Generator, w: np.ndarray | None = None,
@@ -326,8 +339,8 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
             if phi <= 0:
                 break
             seeds = rng.integers(0, 2**63 - 1, size=X.nblocks)
-            new = dask.compute(*[dask.delayed(_sample_block)(X.block(b), cands, factor, phi, int(seeds[b]),
-                                                             None if W is None else W.block(b))
+            new = dask.compute(*[dask.delayed(device_call)(_sample_block, X.block(b), cands, factor, phi,
+                                                           int(seeds[b]), None if W is None else W.block(b))
                                  for b in range(X.nblocks)])
             cands = np.concatenate([cands, *new], axis=0)
         if cands.shape[0] <= k:
@@ -471,7 +484,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         if kind in ("gdataset", "dask"):
             out = G.map_blocks(_distances_block, c, dtype=G.dtype, ncols=c.shape[0], name="kmeans-transform")
             return out if isinstance(X, GDataSet) else out.to_dask_array()
-        parts = dask.compute(*[dask.delayed(_distances_host)(G.block(b), c) for b in range(G.nblocks)])
+        parts = dask.compute(*[dask.delayed(device_call)(_distances_host, G.block(b), c) for b in range(G.nblocks)])
         out = np.concatenate(parts, axis=0)
         return _xp_from_host(out) if kind == "cupy" else out
 
@@ -630,7 +643,8 @@ def _farthest_rows(blk, centers, m, w=None):
     labels, mind = (to_numpy(a) for a in _kernels.assign(blk, centers))
     m = min(m, mind.shape[0])
     idx = np.argpartition(-mind, m - 1)[:m] if m < mind.shape[0] else np.arange(mind.shape[0])
-    return mind[idx], labels[idx], to_numpy(blk[idx]), np.ones(idx.size) if w is None else to_numpy(w)[idx]
+    ws = np.ones(idx.size) if w is None else to_numpy(_take(w, idx)).astype(np.float64)
+    return mind[idx], labels[idx], to_numpy(_take(blk, idx)), ws
 
 
 def _next_centers(stats: dict, centers: np.ndarray, dtype: Any, far: tuple | None = None) -> np.ndarray | None:
@@ -699,10 +713,10 @@ def _join_lists(parts):
 
 
 def _distances_block(blk, centers):
-    xp = array_module(blk)
-    c = xp.asarray(centers)
-    d2 = (blk * blk).sum(1)[:, None] - 2 * (blk @ c.T) + (c * c).sum(1)[None, :]
-    return xp.sqrt(xp.maximum(d2, 0))
+    xp = np if isinstance(blk, np.ndarray) else array_namespace(blk)
+    c = astype(centers, blk.dtype) if hasattr(centers, "shape") else asarray_like(centers, blk, dtype=blk.dtype)
+    d2 = xp.sum(blk * blk, axis=1)[:, None] - 2 * (blk @ c.T) + xp.sum(c * c, axis=1)[None, :]
+    return xp.sqrt(xp.clip(d2, min=0))
 
 
 def _distances_host(blk, centers):

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 
-from gdask.devices import array_module, to_numpy
+from gdask.devices import array_namespace, to_numpy
 from gdask.gdataset import (
     GDataSet,
     IterativeAlgorithm,
@@ -653,7 +653,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
                 return None
             if isinstance(v, GDataSet) or _is_dask(v):
                 v = v.compute()
-            return to_numpy(v) if _module(v) == "cupy" else v
+            return to_numpy(v) if _module(v) in ("cupy", "array_api_strict") else v
 
         return float(accuracy_score(host(y), to_numpy(host(self.predict(X))), sample_weight=host(sample_weight)))
 
@@ -720,10 +720,18 @@ def _convergence_warning(msg: str) -> None:
 
 
 def _weighted_bincount(y, k, w=None):
-    xp = array_module(y)
-    return to_numpy(xp.bincount(y, weights=w, minlength=k)).astype(np.float64)
+    """Weighted count of each class code ``0..k-1`` in a block, on the host."""
+    if isinstance(y, np.ndarray):
+        return np.bincount(y, weights=w, minlength=k).astype(np.float64)
+    import array_api_extra as xpx
+
+    xp = array_namespace(y)
+    oh = xpx.one_hot(xp.astype(y, xp.int64), k, dtype=xp.float64, xp=xp)
+    return to_numpy(xp.sum(oh if w is None else oh * xp.astype(w, xp.float64)[:, None], axis=0))
 
 
 def _weight_sum(y, w=None, class_w=None):
-    s = _k._row_weights(y, w, class_w, None)
-    return float(y.shape[0] if s is None else s.sum())
+    s = _k._row_weights(y, w, class_w)
+    if s is None:
+        return float(y.shape[0])
+    return float(s.sum() if isinstance(s, np.ndarray) else array_namespace(s).sum(s))

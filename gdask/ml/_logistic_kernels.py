@@ -1,11 +1,13 @@
 """Block kernels of gdask.ml.LogisticRegression: loss and gradient partials, predictions, Gram.
 
-Every kernel takes device blocks (NumPy on emulated devices, CuPy on CUDA) and small host operands
-that the block task has already moved to the device's array module; it works through the ``xp``
-array-module pattern, so one code path serves both. Row terms are computed in the block's dtype
-(for float32 blocks they are as precise as the float32 raw predictions ``X @ w`` they come from,
-and NumPy's SIMD float32 ``exp``/``log`` make them cheap), every sum is accumulated in float64, and
-partials come back as host NumPy float64 data.
+Every kernel takes device blocks (NumPy on emulated devices, CuPy on CUDA, array-api-strict on
+strict emulated devices) and small operands that the block task has already moved to the blocks'
+device. The code is written once against the array API standard (the namespace of the inputs); NumPy
+blocks take a NumPy + numba fast path, and :func:`loss_grad` on CuPy blocks the numba.cuda kernel
+(:func:`gdask.ml._cuda_kernels.loss_grad_cuda`). Row terms are computed in the block's dtype (for
+float32 blocks they are as precise as the float32 raw predictions ``X @ w`` they come from, and
+NumPy's SIMD float32 ``exp``/``log`` make them cheap), every sum is accumulated in float64, and
+partials come back as host NumPy float64 data (moved explicitly with :func:`gdask.devices.to_numpy`).
 """
 
 from __future__ import annotations
@@ -15,20 +17,24 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from gdask.devices import array_module, to_numpy
+from gdask.devices import array_module, array_namespace, asarray_like, astype, to_numpy
+from gdask.ml._kernels import block_kind
 
 __all__ = ["loss_grad", "loss_grad_combine", "decision", "label_counts", "label_counts_combine",
            "encode_labels", "gram", "sq_norms"]
 
 
-def _as_float(x: Any, dtype: Any, xp) -> Any:
-    return x.astype(dtype, copy=False) if hasattr(x, "astype") else xp.asarray(x, dtype=dtype)
+def _as_float(x: Any, dtype: Any, like: Any) -> Any:
+    """A small operand in ``dtype`` on the device of block ``like`` (host data is moved there)."""
+    if isinstance(x, (np.ndarray, np.generic)) and not isinstance(like, np.ndarray):
+        return asarray_like(x, like, dtype=dtype)
+    return astype(x, dtype) if hasattr(x, "shape") else asarray_like(x, like, dtype=dtype)
 
 
-def _row_weights(y, w, class_w, xp):
+def _row_weights(y, w, class_w, xp=None):
     """Effective weight of each row (``sample_weight * class_weight[y]``) or ``None`` (all ones)."""
     if class_w is not None:
-        cw = class_w[y]
+        cw = class_w[y] if isinstance(class_w, np.ndarray) else array_namespace(class_w).take(class_w, y)
         return cw if w is None else cw * w
     return w
 
@@ -53,54 +59,87 @@ def loss_grad(X, y, coef, intercept, w=None, class_w=None):
         K = 1, multinomial otherwise), the objective scikit-learn's lbfgs solver minimises before
         it divides by the weight sum.
     """
-    xp = array_module(X)
-    s = _row_weights(y, w, class_w, xp)
+    kind = block_kind(X)
+    if kind != "numpy":
+        ck = _cuda_kernels_for(X, coef)
+        if ck is not None:
+            return ck.loss_grad_cuda(X, y, coef, intercept, w, class_w)
+        return loss_grad_xp(X, y, coef, intercept, w, class_w)
+    s = _row_weights(y, w, class_w)
     dt = X.dtype
-    c = _as_float(coef, dt, xp)
-    b = _as_float(intercept, dt, xp)
+    c = np.asarray(coef).astype(dt, copy=False)
+    b = np.asarray(intercept).astype(dt, copy=False)
     if c.shape[0] == 1:  # binomial
         z = X @ c[0] + b[0]
-        total, r, gi = _binomial_numpy(z, y, s) if xp is np else _binomial_xp(z, y, s, xp)
+        total, r, gi = _binomial_numpy(z, y, s)
         gc = (X.T @ r.astype(dt, copy=False))[None, :]
-    elif xp is np:  # multinomial, classes along rows: (K, n) keeps every NumPy pass contiguous
+    else:  # multinomial, classes along rows: (K, n) keeps every NumPy pass contiguous
         z = c @ X.T
         z += b[:, None]
         total, r, gi = _multinomial_numpy(z, y, s)
         gc = r @ X
+    return (float(total), gc.astype(np.float64), np.atleast_1d(gi).astype(np.float64))
+
+
+def _cuda_kernels_for(X: Any, coef: Any) -> Any:
+    """The numba.cuda kernels for a CuPy block when they can run here and take ``coef``'s classes."""
+    if block_kind(X) != "cupy":
+        return None
+    from gdask.ml import _cuda_kernels
+
+    if not _cuda_kernels.usable() or not _cuda_kernels.logistic_fits(int(coef.shape[0])):
+        return None
+    return _cuda_kernels
+
+
+def loss_grad_xp(X, y, coef, intercept, w=None, class_w=None):
+    """:func:`loss_grad` written against the array API standard (the reference of the NumPy and CUDA
+    kernels; what blocks of other namespaces run)."""
+    xp = array_namespace(X)
+    s = _row_weights(y, w, class_w)
+    dt = X.dtype
+    c = _as_float(coef, dt, X)
+    b = _as_float(intercept, dt, X)
+    if c.shape[0] == 1:  # binomial
+        z = X @ c[0, :] + b[0]
+        total, r, gi = _binomial_xp(z, y, s, xp)
+        gc = (X.T @ xp.astype(r, dt))[None, :]
     else:
-        z = X @ c.T + b
+        z = X @ c.T + b[None, :]
         total, r, gi = _multinomial_xp(z, y, s, xp)
-        gc = (X.T @ r.astype(dt, copy=False)).T
-    return (float(total), to_numpy(gc).astype(np.float64), np.atleast_1d(to_numpy(gi)).astype(np.float64))
+        gc = (X.T @ xp.astype(r, dt)).T
+    return (float(total), to_numpy(xp.astype(gc, xp.float64)),
+            np.atleast_1d(to_numpy(xp.astype(gi, xp.float64))))
 
 
-# -- CuPy (and any array module): vectorised ------------------------------------------------------
+# -- any array API namespace: vectorised ----------------------------------------------------------
 def _binomial_xp(z, y, s, xp):
     """loss = log(1 + exp(z)) - y z; residual sigmoid(z) - y (times the row weights)."""
-    yf = y.astype(z.dtype)
+    yf = xp.astype(y, z.dtype)
     e = xp.exp(-xp.abs(z))                  # in (0, 1]: never overflows
     q = 1 / (1 + e)                         # sigmoid(|z|)
-    loss = xp.maximum(z, 0) - xp.log(q) - yf * z
+    loss = xp.where(z > 0, z, 0.0) - xp.log(q) - yf * z
     r = xp.where(z >= 0, q, 1 - q) - yf     # sigmoid(z) - y
     if s is None:
-        return loss.sum(dtype=np.float64), r, r.sum(dtype=np.float64)
+        return xp.sum(loss, dtype=xp.float64), r, xp.sum(r, dtype=xp.float64)
     r = r * s
-    return (loss * s).sum(), r, r.sum()
+    return xp.sum(loss * s), r, xp.sum(r)
 
 
 def _multinomial_xp(z, y, s, xp):
     """loss = logsumexp(z) - z[y]; residual softmax(z) - onehot(y) (times the row weights)."""
-    rows = xp.arange(z.shape[0])
-    m = z.max(axis=1, keepdims=True)
+    import array_api_extra as xpx
+
+    m = xp.max(z, axis=1, keepdims=True)
     ez = xp.exp(z - m)
-    tot = ez.sum(axis=1, keepdims=True)
-    loss = (m + xp.log(tot))[:, 0] - z[rows, y]
-    p = ez / tot
-    p[rows, y] -= 1
+    tot = xp.sum(ez, axis=1, keepdims=True)
+    yi = xp.astype(y, xp.int64)
+    loss = (m + xp.log(tot))[:, 0] - xp.take_along_axis(z, yi[:, None], axis=1)[:, 0]
+    p = ez / tot - xpx.one_hot(yi, z.shape[1], dtype=z.dtype, xp=xp)
     if s is None:
-        return loss.sum(dtype=np.float64), p, p.sum(axis=0, dtype=np.float64)
+        return xp.sum(loss, dtype=xp.float64), p, xp.sum(p, axis=0, dtype=xp.float64)
     p = p * s[:, None]
-    return (loss * s).sum(), p, p.sum(axis=0)
+    return xp.sum(loss * s), p, xp.sum(p, axis=0)
 
 
 # -- NumPy: SIMD exp/log from NumPy, the rest fused in one numba pass ------------------------------
@@ -178,21 +217,36 @@ def loss_grad_combine(parts: list) -> tuple:
 
 def decision(X, coef, intercept):
     """``X @ coef.T + intercept`` of one block, shape (n, K), as scikit-learn computes it."""
-    xp = array_module(X)
-    out = X @ xp.asarray(coef).T + xp.asarray(intercept)
-    return xp.ascontiguousarray(out)
+    if isinstance(X, np.ndarray):
+        return np.ascontiguousarray(X @ np.asarray(coef).T + np.asarray(intercept))
+    xp = array_namespace(X)
+    c = _as_float(coef, xp.result_type(X.dtype, coef.dtype) if hasattr(coef, "dtype") else X.dtype, X)
+    out = X @ c.T + _as_float(intercept, c.dtype, X)[None, :]
+    return array_module(X).ascontiguousarray(out) if array_module(X).__name__ == "cupy" else out
 
 
 def label_counts(y, w=None):
     """Distinct labels of a block and their (weighted) counts, on the host; NaN count separately."""
-    xp = array_module(y)
-    if y.dtype.kind == "f":
-        nan = int(xp.isnan(y).sum())
+    if isinstance(y, np.ndarray):
+        if y.dtype.kind == "f":
+            nan = int(np.isnan(y).sum())
+            if nan:
+                return np.empty(0, y.dtype), np.empty(0), nan
+        vals, inv = np.unique(y, return_inverse=True)
+        counts = np.bincount(inv.ravel(), weights=None if w is None else w, minlength=vals.shape[0])
+        return vals, counts.astype(np.float64), 0
+    import array_api_extra as xpx
+
+    xp = array_namespace(y)
+    if xp.isdtype(y.dtype, "real floating"):
+        nan = int(xp.sum(xp.astype(xp.isnan(y), xp.int64)))
         if nan:
-            return np.empty(0, y.dtype), np.empty(0), nan
-    vals, inv = xp.unique(y, return_inverse=True)
-    counts = xp.bincount(inv.ravel(), weights=None if w is None else w, minlength=vals.shape[0])
-    return to_numpy(vals), to_numpy(counts).astype(np.float64), 0
+            return np.empty(0, to_numpy(y[:0]).dtype), np.empty(0), nan
+    vals, inv = xp.unique_inverse(y)
+    oh = xpx.one_hot(xp.reshape(inv, (-1,)), vals.shape[0], dtype=xp.float64, xp=xp)
+    if w is not None:
+        oh = oh * xp.astype(w, xp.float64)[:, None]
+    return to_numpy(vals), to_numpy(xp.sum(oh, axis=0)), 0
 
 
 def label_counts_combine(parts: list) -> tuple:
@@ -205,29 +259,31 @@ def label_counts_combine(parts: list) -> tuple:
 
 def encode_labels(y, classes):
     """Class code (int32) of each label: its index in the sorted ``classes``."""
-    xp = array_module(y)
-    return xp.searchsorted(xp.asarray(classes), y).astype(np.int32)
+    if isinstance(y, np.ndarray):
+        return np.searchsorted(np.asarray(classes), y).astype(np.int32)
+    xp = array_namespace(y)
+    return xp.astype(xp.searchsorted(_as_float(classes, y.dtype, y), y), xp.int32)
 
 
 def gram(X, w=None, class_w=None, y=None):
     """``[X, 1]^T diag(s) [X, 1]`` of one block in float64 (``s``: row weights), for the step size
     of gradient descent."""
-    xp = array_module(X)
-    s = _row_weights(y, w, class_w, xp)
-    Xs = X if s is None else X * s.astype(X.dtype)[:, None]
+    xp = np if isinstance(X, np.ndarray) else array_namespace(X)
+    s = _row_weights(y, w, class_w)
+    Xs = X if s is None else X * astype(s, X.dtype)[:, None]
     d = X.shape[1]
     out = np.empty((d + 1, d + 1))
     out[:d, :d] = to_numpy(X.T @ Xs)
-    col = to_numpy(Xs.sum(axis=0, dtype=np.float64))
+    col = to_numpy(xp.sum(Xs, axis=0, dtype=xp.float64))
     out[:d, d] = col
     out[d, :d] = col
-    out[d, d] = float(X.shape[0] if s is None else s.sum())
+    out[d, d] = float(X.shape[0] if s is None else xp.sum(s))
     return out
 
 
 def sq_norms(X, w=None, class_w=None, y=None):
     """Trace of :func:`gram`: ``sum_i s_i (||x_i||^2 + 1)``, for many features."""
-    xp = array_module(X)
-    s = _row_weights(y, w, class_w, xp)
-    rows = (X * X).sum(axis=1, dtype=np.float64) + 1
-    return float(rows.sum() if s is None else (rows * s).sum())
+    xp = np if isinstance(X, np.ndarray) else array_namespace(X)
+    s = _row_weights(y, w, class_w)
+    rows = xp.sum(X * X, axis=1, dtype=xp.float64) + 1
+    return float(xp.sum(rows) if s is None else xp.sum(rows * s))

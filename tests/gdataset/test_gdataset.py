@@ -5,28 +5,46 @@ import pandas as pd
 import pytest
 
 import gdask
+from gdask.devices import array_namespace
 
 
 def _np(a):
-    return a.get() if hasattr(a, "get") else np.asarray(a)
+    return gdask.to_numpy(a)  # NumPy, CuPy or strict device arrays, explicitly
 
 
 @pytest.fixture
-def data(xp):
+def data(xp, backend):
+    """(array module of the input, input, GDataSet of it) on devices of ``backend`` (local threads, or the
+    cluster of ``bclient``); CuPy input (on a GPU) on the CUDA device instead, once."""
+    if xp is not np and backend != "emulated":
+        pytest.skip("CuPy input runs once, on the CUDA device")
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1000, 6)).astype(np.float32)
-    return xp, xp.asarray(x), gdask.from_array(xp.asarray(x), block_rows=128)
+    with dask.config.set({"gdask.backend": "cuda"} if xp is not np else {}):
+        yield xp, xp.asarray(x), gdask.from_array(xp.asarray(x), block_rows=128)
 
 
-def test_shape_and_blocks(data):
+def _sum0(b):
+    """A user's block function written against the array API (runs on every backend)."""
+    return array_namespace(b).sum(b, axis=0)
+
+
+def test_shape_and_blocks(data, backend):
     xp, x, X = data
     assert X.shape == (1000, 6) and X.nblocks == 8 and X.row_blocks[-1] == 1000 - 7 * 128
     assert X.dtype == np.float32 and X.ndim == 2
-    np.testing.assert_array_equal(_np(X.compute()), _np(x))
+    out = X.compute()
+    np.testing.assert_array_equal(_np(out), _np(x))
+    if backend == "emulated-strict":  # the device's array type, which refuses implicit conversion
+        assert type(out).__module__.startswith("array_api_strict")
+        with pytest.raises((RuntimeError, TypeError, ValueError)):
+            np.asarray(out)
 
 
-def test_blocks_are_feature_major(data):
+def test_blocks_are_feature_major(data, backend):
     xp, x, X = data
+    if backend == "emulated-strict":
+        pytest.skip("strict arrays have no memory layout")
     blk = X.block(0).compute()
     assert blk.flags.f_contiguous and blk.T.flags.c_contiguous
 
@@ -95,7 +113,8 @@ def test_map_blocks_and_reduce_blocks(data):
     assert n == 1000
 
 
-def test_dask_protocol(data, client):
+def test_dask_protocol(data, bclient):
+    client = bclient
     xp, x, X = data
     (a, b) = dask.compute(X.sum(axis=0), X * 2)
     np.testing.assert_allclose(_np(b), _np(x * 2))
@@ -142,7 +161,7 @@ def test_mismatched_blocking_is_an_error():
         np.asarray(a)
 
 
-def test_reduce_groups_and_block_groups(data, client):
+def test_reduce_groups_and_block_groups(data, bclient):
     xp, x, X = data
     P = X.persist()
     groups = P.block_groups()
@@ -152,11 +171,11 @@ def test_reduce_groups_and_block_groups(data, client):
 
     where, _ = block_workers(P)
     assert all(len({where[i] for i in g}) == 1 for g in groups)
-    parts = dask.compute(*P.reduce_groups(lambda b: b.sum(axis=0), sum, groups=groups))
+    parts = dask.compute(*P.reduce_groups(_sum0, sum, groups=groups))
     assert len(parts) == len(groups) and all(isinstance(p, np.ndarray) for p in parts)  # host results
     np.testing.assert_allclose(sum(parts), _np(x).sum(0), rtol=1e-4)
     # the same groups through the full tree reduction
-    total = P.reduce_blocks(lambda b: b.sum(axis=0), sum, groups=groups).compute()
+    total = P.reduce_blocks(_sum0, sum, groups=groups).compute()
     np.testing.assert_allclose(_np(total), _np(x).sum(0), rtol=1e-4)
     assert "not persisted" not in P._repr_html_()
 

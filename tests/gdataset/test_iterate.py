@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import gdask
+from gdask.gdataset import device_call
 
 
 def jacobi_block(b, x):
@@ -14,11 +15,13 @@ def jacobi_block(b, x):
 
 
 def _step(data, state, ctx):
-    outs = [dask.delayed(jacobi_block)(data.block(i), ctx.refs[i]) for i in range(data.nblocks)]
+    # device_call: the host state reaches the block's device, the result comes back to the host
+    outs = [dask.delayed(device_call)(jacobi_block, data.block(i), ctx.refs[i]) for i in range(data.nblocks)]
     return list(dask.compute(*outs))
 
 
-def test_per_block_convergence_skips_converged_blocks(client):
+def test_per_block_convergence_skips_converged_blocks(bclient):
+    client = bclient
     # x_i = 0.5 x_i + b_i: blocks with b = 0 start at their fixed point, the others converge to 2b
     bh = np.r_[np.ones(4), np.zeros(4), np.full(4, 3.0), np.zeros(4)]
     b = gdask.from_array(bh, block_rows=4)

@@ -212,9 +212,10 @@ def test_thread_block_and_grid_shapes(threads, blocks, monkeypatch):
 
 @pytest.mark.parametrize("budget", ["sums-only", "nothing"])
 def test_without_shared_memory_for_sums_or_centers(budget, monkeypatch):
-    """Centers read from global memory, sums added straight to the result: the same answers."""
+    """Centers read from global memory, sums kept in the thread block's row of the partials in global
+    memory: the same answers."""
     tpb, k, d = ck._threads(), 4, 5
-    base = 8 * (2 * tpb + k)
+    base = 8 * ck._lloyd_base_words(tpb, k)
     monkeypatch.setattr(ck, "SHARED_BUDGET", base + (8 * k * d if budget == "sums-only" else 0))
     sh_sums, sh_c, _ = ck._lloyd_shared(k, d, tpb, 4)
     assert (sh_sums, sh_c) == ((True, False) if budget == "sums-only" else (False, False))
@@ -399,6 +400,78 @@ def test_loss_grad_large_margins_and_global_fallback(k, monkeypatch):
     _assert_loss_grad_equal(ck.loss_grad_cuda(dev(X), dev(y), coef, b), c, np.float64)
 
 
+# -- dispatch ----------------------------------------------------------------------------------------
+def test_block_functions_hand_cupy_blocks_to_the_kernels(monkeypatch):
+    """gdask's block functions run these kernels on CuPy blocks: K-means pass and labels, the bounds'
+    first pass and step, the logistic loss and gradient. In the simulator NumPy blocks pose as CuPy
+    blocks (the kernels take NumPy there); the answers are the CPU kernels'."""
+    if MODE != "sim":
+        pytest.skip("on a GPU the gpu-marked tests run real CuPy blocks through the block functions")
+    X, C = _blobs(n=180, d=4, k=4, dtype=np.float32, seed=50)
+    _assert_clear(X, C.astype(np.float32))
+    w = np.random.default_rng(51).uniform(0.1, 2.0, len(X))
+    Xl, y, coef, b = _logistic_data(150, 4, 1, np.float64, seed=52)
+    cpu = {"lloyd": _kernels.lloyd_partial(X, C, w), "assign": _kernels.assign(X, C),
+           "loss": lk.loss_grad(Xl, y, coef, b, w[:150])}
+    path = _centers_path(X, C, 2)
+    cpu_b = [_bounds.bounds_partial(X, path[0], "cpu", history=[]), _bounds.bounds_partial(X, path[1], "cpu")]
+    calls = []
+    for name in ("lloyd_partial_cuda", "assign_cuda", "first_pass_cuda", "bounds_step_cuda", "loss_grad_cuda"):
+        real = getattr(ck, name)
+        monkeypatch.setattr(ck, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    monkeypatch.setattr(ck, "usable", lambda: True)
+    monkeypatch.setattr(_kernels, "block_kind", lambda x: "cupy")
+    monkeypatch.setattr(lk, "block_kind", lambda x: "cupy")
+    _assert_lloyd_equal(_kernels.lloyd_partial(X, C, w), cpu["lloyd"], np.float32)
+    labels, mind = _kernels.assign(X, C)
+    np.testing.assert_array_equal(host(labels), cpu["assign"][0])
+    _assert_loss_grad_equal(lk.loss_grad(Xl, y, coef, b, w[:150]), cpu["loss"], np.float64)
+    gpu_b = [_bounds.bounds_partial(X, path[0], "gpu", history=[]), _bounds.bounds_partial(X, path[1], "gpu")]
+    for g, c in zip(gpu_b, cpu_b):
+        np.testing.assert_allclose(g["sums"], c["sums"], rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(g["counts"], c["counts"])
+        assert g["changed"] == c["changed"]
+    assert sorted(set(calls)) == ["assign_cuda", "bounds_step_cuda", "first_pass_cuda", "lloyd_partial_cuda",
+                                  "loss_grad_cuda"]
+    monkeypatch.setattr(ck, "usable", lambda: False)  # no usable numba.cuda: the array API code instead
+    calls.clear()
+    _assert_lloyd_equal(_kernels.host(_kernels.lloyd_partial(X, C, w)), cpu["lloyd"], np.float32)
+    assert not calls
+
+
+# -- determinism -------------------------------------------------------------------------------------
+def _bits(x):
+    return np.ascontiguousarray(host(x)).view(np.uint8).tobytes() if np.ndim(host(x)) else np.float64(x).tobytes()
+
+
+def test_kernels_give_the_same_bits_twice(monkeypatch):
+    """Every sum of the kernels has a fixed order (per-thread-block partials added in thread-block
+    order, no floating-point atomics): the same launch twice gives identical bits, whatever order the
+    threads run in (the simulator runs them as Python threads, in no fixed order)."""
+    monkeypatch.setattr(ck, "SIM_MAX_BLOCKS", 3)
+    X, C = _blobs(n=211, d=4, k=5, dtype=np.float32, seed=40, spread=2.5)
+    w = np.random.default_rng(41).uniform(0.1, 3.0, len(X))
+    runs = [ck.lloyd_partial_cuda(dev(X), C, dev(w)) for _ in range(2)]
+    for key in ("sums", "counts", "far_d", "far_rows"):
+        assert _bits(runs[0][key]) == _bits(runs[1][key]), key
+    assert _bits(runs[0]["inertia"]) == _bits(runs[1]["inertia"])
+    firsts = [ck.first_pass_cuda(dev(X), C, dev(w)) for _ in range(2)]
+    assert _bits(firsts[0].sums) == _bits(firsts[1].sums) and firsts[0].sxx == firsts[1].sxx
+    path = _centers_path(X, C, 2, w)
+    steps = []
+    for _ in range(2):
+        st = _copy(_bounds._first_pass(X, path[0], w))
+        st.labels, st.upper, st.lower = dev(st.labels), dev(st.upper), dev(st.lower)
+        st.sums, st.counts = dev_c(st.sums), dev(st.counts)
+        changed, _ = ck.bounds_sweep_cuda(dev(X), path[2], path[0], st.labels, st.upper, st.lower, st.sums,
+                                          st.counts, dev(w))
+        steps.append((changed, _bits(st.sums), _bits(st.counts), _bits(st.labels)))
+    assert steps[0] == steps[1] and steps[0][0] > 0
+    Xl, y, coef, b = _logistic_data(190, 5, 3, np.float32, seed=42)
+    grads = [ck.loss_grad_cuda(dev(Xl), dev(y), coef, b, dev(w[:190])) for _ in range(2)]
+    assert [_bits(v) for v in grads[0]] == [_bits(v) for v in grads[1]]
+
+
 # -- packaging ---------------------------------------------------------------------------------------
 def test_kernels_compile_once_per_dtype():
     X, C = _blobs(n=40, d=2, k=2, seed=30)
@@ -410,7 +483,7 @@ def test_kernels_compile_once_per_dtype():
 
 
 _PTX_SCRIPT = """
-import sys, types
+import re, sys, types
 from numba import cuda
 from numba.core import types as t
 try:
@@ -425,15 +498,19 @@ from gdask.ml import _cuda_kernels as ck
 A = lambda dt, nd=1, layout="C": t.Array(dt, nd, layout)
 f64, i64, i32, b = t.float64, t.int64, t.int32, t.boolean
 for dt in (t.float32, t.float64):
-    sigs = {"lloyd": [(A(dt, 2, lay), A(f64), A(dt), A(c64), A(f64), A(f64), A(f64), A(f64), A(i64), A(i32),
+    sigs = {"lloyd": [(A(dt, 2, lay), A(f64), A(dt), A(c64), i64, A(f64), A(f64), A(f64), A(f64), A(i64), A(i32),
                        A(i32), A(f64), A(f64), f64, b, b, b, b, b, b) for lay in "CA" for c64 in {dt, f64}],
-            "hamerly": [(A(dt, 2), A(f64), A(f64), A(i32), A(f64), A(f64), A(f64), A(f64), A(f64), A(f64), A(f64),
-                         i64, f64, f64, A(i64), b, b)],
-            "logistic": [(A(dt, 2), A(i32), A(dt), A(dt), A(f64), A(f64), A(f64), A(f64), A(f64), b, b, b, b, i64)]}
+            "rowsum": [(A(f64, 2), A(f64))],
+            "hamerly": [(A(dt, 2), A(f64), A(i32), A(f64), A(f64), A(f64), A(f64), A(f64), i64, f64, f64, A(i64),
+                         A(i64), A(i32), b)],
+            "moves": [(A(dt, 2), A(f64), A(i64), A(i32), A(i32), A(f64), A(f64), b)],
+            "logistic": [(A(dt, 2), A(i32), A(dt), A(dt), A(f64), A(f64), A(f64), A(f64), b, b, b, b, i64)]}
     for name, sig_list in sigs.items():
         for sig in sig_list:
             ptx, _ = cuda.compile_ptx(ck._kernel(name, str(dt)).py_func, sig, cc=(9, 0))
-            assert ".entry" in ptx and "atom.global.add.f64" in ptx, name
+            assert ".entry" in ptx, name
+            # deterministic sums: no floating-point atomic adds anywhere (integer counters only)
+            assert not re.search(r"atom\\.[a-z.]*\\.f(32|64)", ptx), f"{name} has floating-point atomics"
 print("compiled")
 """
 

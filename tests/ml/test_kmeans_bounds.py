@@ -7,7 +7,7 @@ import pytest
 
 import gdask
 from gdask import DeviceMemoryError
-from gdask.devices import StateSpaces, context
+from gdask.devices import StateSpaces, asarray_like, context, current_device, to_numpy
 from gdask.ml import KMeans, _bounds, _kernels
 
 
@@ -34,7 +34,7 @@ def _fit(X, init, algorithm, **kw):
 
 
 @pytest.mark.parametrize("weighted", [False, True])
-def test_elkan_equals_lloyd(weighted, monkeypatch):
+def test_elkan_equals_lloyd(weighted, monkeypatch, backend):
     X, init = _overlapping()
     w = np.random.default_rng(1).uniform(0.1, 3, len(X)) if weighted else None
     calls = []
@@ -49,13 +49,14 @@ def test_elkan_equals_lloyd(weighted, monkeypatch):
     assert not _fit_states()  # the engine dropped the fit's state
 
 
-def test_elkan_with_client_and_relocation(client):
+def test_elkan_with_client_and_relocation(bclient):
+    client = bclient
     X, _ = _overlapping(d=10, k=4, noise=1.0)
     init = np.vstack([X[:3], np.full((1, X.shape[1]), 1e4, np.float32)])  # the last center gets no rows
     a = _fit(X, init, "elkan")
     b = _fit(X, init, "lloyd")
     np.testing.assert_allclose(a.cluster_centers_, b.cluster_centers_, rtol=1e-5, atol=1e-5)
-    la, lb = a.labels_.compute(), b.labels_.compute()  # GDataSet input: labels_ is a lazy GDataSet
+    la, lb = to_numpy(a.labels_.compute()), to_numpy(b.labels_.compute())  # GDataSet input: lazy labels_
     assert (la == lb).mean() > 0.999
     assert len(np.unique(la)) == 4
     deadline = time.monotonic() + 10
@@ -97,9 +98,9 @@ def test_numba_step_matches_array_step_and_exact_distances():
     np.testing.assert_allclose(a.sums, sums, rtol=1e-9, atol=1e-6)
 
 
-def test_lost_state_is_rebuilt_from_the_history_to_the_same_bits():
+def test_lost_state_is_rebuilt_from_the_history_to_the_same_bits(backend):
     X, init = _overlapping()
-    blk = np.asfortranarray(X)
+    blk = current_device().asarray(X)  # a block of the backend's device
     c0 = init.astype(np.float64)
     p0 = _bounds.bounds_partial(blk, c0, "t", history=[])
     c1 = p0["sums"] / p0["counts"][:, None]
@@ -112,16 +113,17 @@ def test_lost_state_is_rebuilt_from_the_history_to_the_same_bits():
     for key in ("sums", "counts", "far_d", "far_label", "far_rows"):
         np.testing.assert_array_equal(p2[key], q2[key])
     assert p2["changed"] == q2["changed"]
-    ref = _kernels.lloyd_partial(blk, c2)
+    ref = _kernels.host(_kernels.lloyd_partial(blk, asarray_like(c2, blk)))
     np.testing.assert_allclose(p2["sums"], ref["sums"], rtol=1e-9)
     np.testing.assert_array_equal(p2["counts"], ref["counts"])
     c1 = c2
     labels, inertia = _bounds.bounds_labels(blk, c1, "t")
     assert not _bounds.worker_state("t", create=False)  # the block's state went with the final pass
     _drop("t")
-    l2, m2 = _kernels.assign(blk, c1)
+    labels = to_numpy(labels)
+    l2, m2 = _kernels.host(_kernels.assign(blk, asarray_like(c1, blk)))
     assert (labels != l2).sum() <= 1
-    exact = ((blk.astype(np.float64) - c1[labels]) ** 2).sum()
+    exact = ((X.astype(np.float64) - c1[labels]) ** 2).sum()
     assert inertia == pytest.approx(exact, rel=1e-12)
 
 

@@ -31,7 +31,7 @@ def _both(X, init, *, sample_weight=None, **kw):
 
 def _labels(km):
     lab = km.labels_
-    return lab.compute() if hasattr(lab, "compute") else lab
+    return gdask.to_numpy(lab.compute() if hasattr(lab, "compute") else lab)
 
 
 def _assert_same(a, b):
@@ -43,7 +43,7 @@ def _assert_same(a, b):
 
 @pytest.mark.parametrize("kw", [dict(max_iter=12, tol=0), dict(max_iter=12, tol=0, algorithm="lloyd"),
                                 dict(max_iter=300, tol=1e-4)], ids=["elkan", "lloyd", "converges"])
-def test_same_fit_as_the_loop_from_the_client(client, data, kw):
+def test_same_fit_as_the_loop_from_the_client(bclient, data, kw):
     a, b = _both(*data, **kw)
     assert (a.fit_mode_, b.fit_mode_) == ("workers", "client")
     _assert_same(a, b)
@@ -51,7 +51,7 @@ def test_same_fit_as_the_loop_from_the_client(client, data, kw):
         assert a.n_iter_ < 300
 
 
-def test_sample_weight_and_empty_clusters(client, data):
+def test_sample_weight_and_empty_clusters(bclient, data):
     X, init = data
     w = np.random.default_rng(1).uniform(0, 3, len(X))
     far = np.vstack([init[:3], np.full((2, X.shape[1]), 1e4, np.float32)])  # two centers get no rows
@@ -60,7 +60,7 @@ def test_sample_weight_and_empty_clusters(client, data):
     assert len(np.unique(_labels(a))) == 5
 
 
-def test_many_empty_clusters_take_an_extra_pass_on_the_workers(client):
+def test_many_empty_clusters_take_an_extra_pass_on_the_workers(bclient):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((3000, 3)).astype(np.float32)
     x[::37] *= 20

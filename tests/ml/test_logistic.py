@@ -65,7 +65,7 @@ def test_float32_matches_sklearn():
 
 
 @pytest.mark.parametrize("n_classes", [2, 3])
-def test_gd_converges_to_the_lbfgs_solution(n_classes):
+def test_gd_converges_to_the_lbfgs_solution(n_classes, backend):
     X, y = _data(n_classes)
     ref = sk.LogisticRegression(C=0.5, tol=1e-10, max_iter=1000).fit(X, y)
     ours = LogisticRegression(C=0.5, solver="gd", tol=1e-7, max_iter=3000).fit(gdask.from_array(X, block_rows=400), y)
@@ -80,7 +80,7 @@ def test_gd_warns_when_not_converged():
         LogisticRegression(solver="gd", max_iter=2).fit(X, y)
 
 
-def test_blocked_labels_and_weights():
+def test_blocked_labels_and_weights(backend):
     """y and sample_weight as GDataSet columns / dask arrays blocked like X (or rechunked)."""
     import dask.array as da
 
@@ -134,7 +134,7 @@ def test_xp_input_matches_sklearn(xp):
     np.testing.assert_allclose(gdask.to_numpy(proba), ref.predict_proba(X), rtol=1e-6, atol=1e-8)
 
 
-def test_with_client_matches_local(client):
+def test_with_client_matches_local(bclient):
     X, y = _data(3, n=2000)
     w = np.random.default_rng(5).uniform(0.1, 2.0, len(y))
     G = gdask.from_array(X, block_rows=250).persist()
@@ -151,11 +151,12 @@ def test_with_client_matches_local(client):
     np.testing.assert_allclose(gd.predict_proba(X), ref.predict_proba(X), atol=1e-3)
 
 
-def test_one_task_per_worker_thread_per_pass(client):
+def test_one_task_per_worker_thread_per_pass(bclient):
     """From the client each loss/gradient pass is one task per worker thread holding blocks (not one
     per block); on the workers (the default) a pass is no task at all."""
     import dask
 
+    client = bclient
     X, y = _data(2, n=2000)
     G = gdask.from_array(X, block_rows=100).persist()  # 20 blocks
     groups = G.block_groups(client)
