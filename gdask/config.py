@@ -33,6 +33,11 @@ def _packaged(key: str) -> Any:
     return node
 
 
+def backend() -> str:
+    """The configured device backend: ``gdask.device.backend`` when set, else ``gdask.backend``."""
+    return get("device.backend", None) or get("backend", "auto")
+
+
 def get(key: str, default: Any = None) -> Any:
     """Read ``gdask.<key>`` from dask.config; gdask.yaml's value when the config lost it (code that
     replaces ``dask.config.config`` wholesale, e.g. test harnesses), else ``default``."""

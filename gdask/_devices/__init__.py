@@ -74,7 +74,7 @@ def discover(backend: str | None = None) -> Inventory:
     """
     from gdask._devices import _nvml
 
-    backend = backend or config.get("backend", "auto")
+    backend = backend or config.backend()
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     inv = Inventory()

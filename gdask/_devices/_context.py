@@ -107,7 +107,7 @@ def _local_device() -> Any:
 def _local_key() -> Any:
     from gdask import config
 
-    return config.get("backend", "auto")
+    return config.backend()
 
 
 #: the context of code outside gdask workers (one per process; workers keep theirs on their plugin)
