@@ -41,7 +41,7 @@ def _run(backend: str) -> dict:
         out["predict_host"] = km.predict(x)
         lr = LogisticRegression().fit(X, y)
         out["lr"] = (lr.coef_, lr.intercept_, lr.n_iter_, lr.fit_mode_)
-        out["lr_proba"] = lr.predict_proba(X)
+        out["lr_proba"] = gdask.to_numpy(lr.predict_proba(X).compute())  # lazy for a GDataSet
         out["pagerank"] = pagerank(powerlaw_graph(1500, seed=1), tol=1e-9, nblocks=3)
         expr = ((X - X.mean(0)) / X.std(0)).sum(0).compute()
         out["expr_type"] = type(expr).__module__.split(".")[0]

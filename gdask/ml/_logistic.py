@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 
-from gdask.devices import array_namespace, to_numpy
+from gdask.devices import array_namespace, asarray_like, to_numpy
 from gdask.gdataset import (
     GDataSet,
     IterativeAlgorithm,
@@ -659,14 +659,14 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
 
 
 def _probabilities(scores: Any) -> Any:
-    """Class probabilities from decision scores ((n,) binary or (n, K))."""
-    xp = _xp(scores)
+    """Class probabilities from decision scores ((n,) binary or (n, K)), in the scores' namespace."""
+    xp = array_namespace(scores)
     if scores.ndim == 1:
         p1 = _expit(scores, xp)
         return xp.stack([1 - p1, p1], axis=1)
-    m = scores.max(axis=1, keepdims=True)
+    m = xp.max(scores, axis=1, keepdims=True)
     e = xp.exp(scores - m)
-    return e / e.sum(axis=1, keepdims=True)
+    return e / xp.sum(e, axis=1, keepdims=True)
 
 
 def _decision_block(X, coef, intercept):
@@ -680,9 +680,9 @@ def _proba_block(X, coef, intercept):
 
 def _predict_block(X, coef, intercept, classes):
     z = _decision_block(X, coef, intercept)
-    xp = _xp(z)
-    idx = (z > 0).astype(np.int64) if z.ndim == 1 else z.argmax(axis=1)
-    return xp.asarray(classes)[idx]
+    xp = array_namespace(z)
+    idx = xp.astype(z > 0, xp.int64) if z.ndim == 1 else xp.argmax(z, axis=1)
+    return xp.take(asarray_like(classes, z), idx)
 
 
 def _encode(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from numba.core import config
 
+from gdask.devices import context
 from gdask.ml import _bounds, _kernels
 from gdask.ml import _logistic_kernels as lk
 
@@ -437,6 +438,8 @@ def test_block_functions_hand_cupy_blocks_to_the_kernels(monkeypatch):
     calls.clear()
     _assert_lloyd_equal(_kernels.host(_kernels.lloyd_partial(X, C, w)), cpu["lloyd"], np.float32)
     assert not calls
+    for token in ("cpu", "gpu"):  # this process's state: leave none behind for the next tests
+        context().state.drop(token)
 
 
 # -- determinism -------------------------------------------------------------------------------------

@@ -143,8 +143,9 @@ def test_with_client_matches_local(bclient):
     _assert_matches(ours, ref, X)
     lazy = ours.predict(G)
     assert isinstance(lazy, gdask.GDataSet)
-    np.testing.assert_array_equal(lazy.compute(), ref.predict(X))
-    np.testing.assert_allclose(ours.predict_proba(G).compute(), ref.predict_proba(X), rtol=1e-6, atol=1e-8)
+    np.testing.assert_array_equal(gdask.to_numpy(lazy.compute()), ref.predict(X))
+    np.testing.assert_allclose(gdask.to_numpy(ours.predict_proba(G).compute()), ref.predict_proba(X), rtol=1e-6,
+                               atol=1e-8)
     assert ours.score(G, y) == pytest.approx(ref.score(X, y))
     gd = LogisticRegression(C=2.0, solver="gd").fit(X, y, sample_weight=w)  # host input through the cluster
     assert gd.n_iter_[0] < 100
