@@ -328,7 +328,8 @@ def device_table(client: Any = None, all_columns: bool = False):
     Returns
     -------
     pandas.DataFrame
-        Raw values (bytes, seconds), displayed in human units. One row per device worker: ``memory_total / used / free / peak``, ``pool`` (CUDA
+        Raw values (bytes, seconds), displayed in human units. One row per device worker:
+        ``memory_total / used / free / peak``, ``pool`` (CUDA
         allocator), ``streams``, ``speed_configured``, ``speed_measured`` (relative, learned by the
         placement plugin from task durations), ``tasks`` and ``busy_time`` (device counters),
         ``placed`` and ``backlog_s`` (placement plugin), on CUDA ``gpu_util``, ``mem_util``,
