@@ -117,8 +117,9 @@ class WindowStats(dict):
                 f"<td>{s.get('device_blocks', 0)} / {s.get('host_blocks', 0)} / {s.get('disk_blocks', 0)}</td>"
                 f"<td>{_sparkline(timeline, top=cap)}</td></tr>")
         rate = self.hit_rate
-        bar = (f'<span style="display:inline-block;width:120px;height:10px;background:#e8e8e8;vertical-align:middle">'
-               f'<span style="display:block;height:100%;width:{100 * rate:.1f}%;background:#4c78a8"></span></span>')
+        bar = ('<span style="display:inline-block;width:120px;height:10px;background:#e8e8e8;'
+               'vertical-align:middle"><span style="display:block;height:100%;'
+               f'width:{100 * rate:.1f}%;background:#4c78a8"></span></span>')
         return (
             "<div><strong>gdask window cache</strong> &nbsp; hit rate "
             f"{bar} {100 * rate:.1f}% of {self.get('reads', 0)} reads ({self.get('prefetch_hits', 0)} prefetched)"
