@@ -144,7 +144,8 @@ def stats(client: Any = None, *, reset: bool = False) -> WindowStats:
     Returns
     -------
     WindowStats
-        A dict (shown as a summary in Jupyter and terminals): ``hits``, ``misses``, ``prefetch_hits``, ``reads``, ``hit_rate`` (hits / reads: reads served
+        A dict (shown as a summary in Jupyter and terminals): ``hits``, ``misses``,
+        ``prefetch_hits``, ``reads``, ``hit_rate`` (hits / reads: reads served
         by blocks kept on the device, no copy), ``bytes_h2d``, ``bytes_d2h``, ``stall_time``
         (seconds readers waited for copies), ... summed over workers, and ``workers``:
         ``{address: per-worker metrics, with "window": [(t, capacity, window bytes, blocks), ...]}``.
