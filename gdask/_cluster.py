@@ -92,6 +92,10 @@ class LocalGPUCluster(LocalCluster):
         self._worker_plugins = worker_plugins(self._spec_by_name, rmm_pool_size=rmm_pool_size,
                                               max_streams=max_streams, adaptive_streams=adaptive_streams)
         streams = self._worker_plugins[0].worker_threads()  # distributed runs at most nthreads tasks at once
+        if config.get("ml.warm-kernels", True):  # compile gdask.ml's kernels while the workers start
+            from gdask._warm import WarmKernels
+
+            self._worker_plugins.append(WarmKernels())
         if "data" not in kwargs and config.get("window-cache.enabled", True):
             from gdask.window_cache import WindowStore
 
