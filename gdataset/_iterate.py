@@ -121,7 +121,7 @@ def _change(old: Any, new: Any) -> float:
 
 def iterate(step: Callable[..., Any], state: Any, data: Any = None, *, max_iter: int = 100, tol: float = 1e-6,
             block_tol: float | None = None, client: Any = None, tracker: GTracker | None = None,
-            per_block: bool | None = None, verbose: bool | int = 0,
+            per_block: bool | None = None, verbose: bool | int = 0, callback: Callable[[dict], Any] | None = None,
             progress: Progress | None = None) -> IterateResult:
     """Run ``state = step(data, state, ctx)`` until the L1 change is at most ``tol``, reusing work.
 
@@ -164,9 +164,12 @@ def iterate(step: Callable[..., Any], state: Any, data: Any = None, *, max_iter:
     tracker : GTracker, optional
         Reuse an existing tracker (default: a new one, closed at the end).
     verbose : bool or int
-        One line per iteration (its change, tasks executed and reused).
+        1: a progress bar and a summary line; 2: also one line per iteration (its change, tasks
+        executed and reused).
+    callback : callable, optional
+        ``callback(record)`` after every iteration (see :class:`IterateResult` for the fields).
     progress : Progress, optional
-        Where the per-iteration records go (default: from ``verbose``).
+        Where the per-iteration records go (default: from ``verbose`` and ``callback``).
 
     Returns
     -------
@@ -209,7 +212,8 @@ def iterate(step: Callable[..., Any], state: Any, data: Any = None, *, max_iter:
     try:
         tracker.activate()
         res = run_loop(algo, {}, start, client=client, mode="client",
-                       progress=progress or Progress(verbose=verbose, desc="iterate"))
+                       progress=progress or Progress(verbose=verbose, callback=callback, total=max_iter,
+                                                     desc="iterate"))
     finally:
         channel.close()
         if own:
