@@ -79,6 +79,13 @@ def summary(records: list[dict], desc: str = "fit", elapsed: float | None = None
     return ", ".join(parts)
 
 
+def _widgets_usable() -> bool:
+    """Whether tqdm.auto would draw a widget: in an IPython kernel with ipywidgets installed."""
+    import importlib.util
+
+    return "ipykernel" in sys.modules and importlib.util.find_spec("ipywidgets") is not None
+
+
 def _bar_enabled() -> bool:
     value = config.get("progress.bar", True)
     if isinstance(value, str):
@@ -149,7 +156,10 @@ class Progress:
 
     def _make_bar(self) -> Any:
         try:
-            from tqdm.auto import tqdm
+            if _widgets_usable():  # Jupyter with ipywidgets: tqdm's widget bar
+                from tqdm.auto import tqdm
+            else:  # terminals, and notebooks without ipywidgets: a text bar (no "IProgress not found" warning)
+                from tqdm.std import tqdm
         except ImportError:  # tqdm is a dependency; a broken install only loses the bar
             logger.warning("gdask: tqdm is not importable, progress bars are off (pip install tqdm)")
             self.bar = False

@@ -50,7 +50,8 @@ def _check_unequal(nb):
 def _check_larger(nb):
     assert "host tier" in _text(_cell(nb, "x = "))  # blocks in host memory, marked in the diagram
     assert "hit rate after the first pass" in _text(_cell(nb, "later = "))
-    assert "WindowStats" in _text(_cell(nb, "stats = ")) or "gdask window cache" in _text(_cell(nb, "stats = "))
+    stats = _text(_cell(nb, "stats = "))
+    assert "gdask window cache" in stats and "<svg" in stats and "0.0% of 0 reads" not in stats
     assert "moved to the devices" in _text(_cell(nb, "km = "))  # streaming K-means reports bytes moved
 
 
