@@ -31,12 +31,13 @@ def dashboard():
         X = gdask.from_array(x, block_rows=5_000).persist()
         gdask.ml.KMeans(4, random_state=0, max_iter=4).fit(X)
         base = client.dashboard_link.rsplit("/", 1)[0]
-        deadline = time.monotonic() + 20  # the workers' counters arrive with their heartbeats
-        while time.monotonic() < deadline:
-            data = json.loads(_get(base + "/gdask/data.json")[1])
-            devs = data["devices"]
-            if len(devs) == 2 and all(d["tasks"] > 0 and d["reads"] > 0 and d["window_bytes"] > 0 for d in devs):
+        deadline = time.monotonic() + 60  # the workers' counters arrive with their heartbeats
+        while True:
+            devs = json.loads(_get(base + "/gdask/data.json")[1])["devices"]
+            if len(devs) == 2 and all(d["tasks"] > 0 and d["reads"] > 0 and d["window_bytes"] > 0
+                                      and d["memory_used"] > 0 for d in devs):
                 break
+            assert time.monotonic() < deadline, f"the workers did not report their work: {devs}"
             time.sleep(0.3)
         yield base, client, X
 
@@ -59,7 +60,8 @@ def test_data_json_has_live_device_figures(dashboard):
     assert [d["name"] for d in devs] == ["0", "1"]
     assert [d["speed_configured"] for d in devs] == [1.0, 0.5]
     assert all(d["memory"] == 256 * 2**20 for d in devs)
-    assert all(0 < d["window_bytes"] <= d["memory_used"] <= d["memory"] for d in devs)  # blocks on the devices
+    # blocks on the devices (the pool's use and the window's bytes are read at slightly different moments)
+    assert all(0 < d["window_bytes"] <= d["memory"] and 0 < d["memory_used"] <= d["memory"] for d in devs)
     assert all(d["tasks"] > 0 and d["placed"] > 0 and d["streams"] >= 1 for d in devs)
     assert all(d["hit_rate"] is not None and 0 <= d["hit_rate"] <= 1 for d in devs)
     assert data["placement"] and data["policy"] == "gdask"
