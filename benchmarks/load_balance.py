@@ -24,7 +24,7 @@ them from measured task times; ``--use-configured-speeds`` seeds them). This mac
 the device time is emulated so that 4 worker processes do not distort the speeds by contending
 for cores; the heterogeneity is a simulation and is labelled so.
 
-    python benchmarks/load_balance.py [--speeds 1,1,0.5,0.25] [--iterations 6] [--json out.json]
+    python benchmarks/load_balance.py [--speeds 1,1,0.5,0.25] [--iterations 6] [--json out.json] [--plot out.png]
     python benchmarks/load_balance.py --backend cuda     # logical devices on a GPU, real kernels
 """
 
@@ -225,6 +225,7 @@ def main(argv=None) -> int:
     p.add_argument("--use-configured-speeds", action="store_true",
                    help="seed gdask with the configured speeds instead of learning them")
     p.add_argument("--json", default=None, help="write results to this file")
+    p.add_argument("--plot", default=None, help="write the figure (makespan / ideal, blocks per device) to this PNG")
     args = p.parse_args(argv)
 
     rng = np.random.default_rng(0)
@@ -278,6 +279,10 @@ def main(argv=None) -> int:
     if "placement_stats" in res["gdask"]:
         print(f"\ngdask placement: {res['gdask']['placement_stats']}")
     _common.write_json(args.json, {"args": vars(args), "device": args.backend, "setup": setup, **res})
+    if args.plot:
+        from gdask import plot
+
+        print(f"figure: {plot.save(plot.load_balance({'args': vars(args), 'device': args.backend, **res}), args.plot)}")
     return 0 if ok else 1
 
 

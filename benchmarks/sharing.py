@@ -47,6 +47,7 @@ sharing policies then run seeded job mixes in each world (event simulation: a jo
 slowdowns), with gdask's policy using the model trained on the training half.
 
     python benchmarks/sharing.py [--jobs 16] [--seed 0] [--scale 3] [--arrival 0.3] [--quick] [--json out.json]
+        [--plot out.png]
     python benchmarks/sharing.py --worlds real,roofline,stated   # the worlds only (no cluster)
 """
 
@@ -354,6 +355,7 @@ def main(argv=None) -> int:
     p.add_argument("--sim-devices", type=int, default=2, help="simulated mixes: devices (default 2)")
     p.add_argument("--quick", action="store_true", help="8 jobs on the cluster, smaller worlds (under ~1 min)")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--plot", default=None, help="write the figure (JCT, makespan, utilisation per policy) to this PNG")
     args = p.parse_args(argv)
     q = args.quick
     args.jobs = args.jobs or (8 if q else 16)
@@ -391,8 +393,13 @@ def main(argv=None) -> int:
     if "real" in worlds:
         mape = 100 * worlds["real"]["mape_new"]
         print(f"real-contention world: interference model MAPE on new co-locations {mape:.1f}%")
-    _common.write_json(args.json, {"setup": setup, "jobs": make_jobs(args.jobs, args.seed, args.scale, args.arrival)
-                                   if "emulated" in args.worlds else [], "results": results, "worlds": worlds})
+    out = {"setup": setup, "jobs": make_jobs(args.jobs, args.seed, args.scale, args.arrival)
+           if "emulated" in args.worlds else [], "results": results, "worlds": worlds}
+    _common.write_json(args.json, out)
+    if args.plot and results:
+        from gdask import plot
+
+        print(f"figure: {plot.save(plot.sharing(out), args.plot)}")
     return 0
 
 

@@ -28,7 +28,7 @@ dataset, time per iteration, and checks that every configuration's centers are i
 
     python benchmarks/window.py            # 2 devices x 128 MiB, 512 MiB of data, 10 iterations
     python benchmarks/window.py --quick    # 2 devices x 32 MiB, 128 MiB of data
-    python benchmarks/window.py --json out.json
+    python benchmarks/window.py --json out.json --plot out.png
     python benchmarks/window.py --backend cuda --quick   # logical devices with a memory limit on a GPU
 """
 
@@ -307,6 +307,7 @@ def main(argv=None):
                    help="runs of the iterations per configuration, the fastest counts (default 3)")
     p.add_argument("--quick", action="store_true", help="small sizes, skips (a')")
     p.add_argument("--json", default=None)
+    p.add_argument("--plot", default=None, help="write the figure (hit rate, moved per pass, ms/iter) to this PNG")
     a = p.parse_args(argv)
     from dask.utils import format_bytes, parse_bytes
 
@@ -398,11 +399,16 @@ def main(argv=None):
         "identical_results": all(r["identical_to_d"] for r in results if r["measured"]),
     }
     print("bars (a): " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in bars.items()))
-    _common.write_json(a.json, {
+    out = {
         "backend": a.backend, "devices": a.devices, "repeat": a.repeat, "device_memory": mem, "bandwidth": bw,
         "rows": n, "features": a.features, "k": a.clusters, "iterations": a.iterations, "block_rows": a.block_rows,
         "data_bytes": X.nbytes, "setup": setup, "bars": bars,
-        "results": [{k: v for k, v in r.items() if k != "centers"} for r in results]})
+        "results": [{k: v for k, v in r.items() if k != "centers"} for r in results]}
+    _common.write_json(a.json, out)
+    if a.plot:
+        from gdask import plot
+
+        print(f"figure: {plot.save(plot.window_benchmark(out), a.plot)}")
 
 
 if __name__ == "__main__":

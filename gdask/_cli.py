@@ -12,38 +12,64 @@ from pathlib import Path
 from gdask import NoDeviceError
 
 
+def _step(text: str) -> float:
+    """Print what the demo is doing now (it may take seconds) and return the start time."""
+    print(f"  {text} ...", end="", flush=True)
+    return time.perf_counter()
+
+
+def _done(t0: float, extra: str = "") -> float:
+    dt = time.perf_counter() - t0
+    print(f" {dt:.1f} s{extra}", flush=True)
+    return dt
+
+
 def _demo(args: argparse.Namespace) -> int:
     import numpy as np
     from distributed import Client
 
     import gdask
+    from gdask._warm import wait_for_warm_kernels
     from gdask.ml import KMeans
 
     rng = np.random.default_rng(0)
     n, d, k = args.rows, args.features, args.clusters
     print(f"gdask demo: K-means on synthetic blobs, {n:,} x {d} float32, {k} clusters")
+    t = _step("making the data")
     true_centers = rng.uniform(-10, 10, size=(k, d)).astype(np.float32)
     X = true_centers[rng.integers(0, k, n)] + rng.standard_normal((n, d), dtype=np.float32)
-    t0 = time.perf_counter()
+    _done(t)
+    t = _step(f"starting a LocalGPUCluster ({args.backend} backend)")
     with gdask.LocalGPUCluster(n_devices=args.devices, backend=args.backend, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         specs = cluster.device_specs
-        print(f"cluster: {len(specs)} {cluster.backend} device(s), started in {time.perf_counter() - t0:.1f} s "
-              f"(dashboard {client.dashboard_link})")
+        start = _done(t, f": {len(specs)} {cluster.backend} device(s)")
+        t = _step("compiling the kernels on the workers (numba; loaded from its cache after the first run)")
+        compiled = wait_for_warm_kernels(client)
+        compile_s = _done(t)
+        t = _step("moving the data to the devices")
         G = gdask.from_array(X).persist()
+        from distributed import wait
+
+        wait(G)
+        _done(t, f": {G.nblocks} blocks")
+        print(f"  dashboard: {client.dashboard_link} (gdask page: {client.dashboard_link.rsplit('/', 1)[0]}/gdask)")
         init = KMeans(k, random_state=0, max_iter=1)._init_centers(G, np.random.default_rng(0))
-        km = KMeans(k, init=init, max_iter=args.iterations, tol=0, verbose=True).fit(G)
+        km = KMeans(k, init=init, max_iter=args.iterations, tol=0, verbose=args.verbose).fit(G)
         per_iter = sorted(km.iteration_times_[1:] or km.iteration_times_)
         median = per_iter[len(per_iter) // 2]
         print(f"\nreport\n  devices: {len(specs)} x {cluster.backend}")
-        print(f"  iterations: {km.n_iter_}, median time per iteration: {median * 1e3:.1f} ms")
+        print(f"  cluster start: {start:.1f} s; kernel compilation: {compile_s:.1f} s (per worker: "
+              + ", ".join(f"{v:.1f} s" for v in compiled.values()) + "), not in the iteration times")
+        print(f"  iterations: {km.n_iter_} (loop: {km.fit_mode_}), first {km.iteration_times_[0] * 1e3:.1f} ms, "
+              f"median of the others {median * 1e3:.1f} ms per iteration")
         print(f"  inertia: {km.inertia_:.6g}")
-        labels = km.labels_.compute()  # a GDataSet's labels are lazy, blocked like it
+        labels = gdask.to_numpy(km.labels_.compute())  # lazy labels of a GDataSet: computed while the cluster runs
     from sklearn.cluster import KMeans as SKKMeans  # a dependency of gdask.ml
 
     ref = SKKMeans(k, init=init, n_init=1, max_iter=km.n_iter_, tol=0, algorithm="lloyd").fit(X)
     err = float(np.abs(km.cluster_centers_ - ref.cluster_centers_).max())
-    agree = float((gdask.to_numpy(labels) == ref.labels_).mean())
+    agree = float((labels == ref.labels_).mean())
     rel = abs(km.inertia_ - ref.inertia_) / ref.inertia_
     ok = err < 1e-3 and agree > 0.999 and rel < 1e-4
     print(f"  agreement with scikit-learn (same init): max |center diff| {err:.2e}, labels equal {agree:.4%}, "
@@ -104,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--iterations", type=int, default=10)
     d.add_argument("--devices", type=int, default=None)
     d.add_argument("--backend", default="auto", choices=["auto", "cuda", "emulated", "emulated-strict"])
+    d.add_argument("--verbose", type=int, default=1, help="0 quiet, 1 a progress bar (default), 2 a line per iteration")
     i = sub.add_parser("info", help="show the devices gdask finds and why CUDA is or is not used")
     i.add_argument("--backend", default=None, choices=["auto", "cuda", "emulated", "emulated-strict"])
     from gdask import _worker_cli

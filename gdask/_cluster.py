@@ -94,6 +94,10 @@ class LocalGPUCluster(LocalCluster):
         self._worker_plugins = worker_plugins(self._spec_by_name, rmm_pool_size=rmm_pool_size,
                                               max_streams=max_streams, adaptive_streams=adaptive_streams)
         streams = self._worker_plugins[0].worker_threads()  # distributed runs at most nthreads tasks at once
+        if config.get("ml.warm-kernels", True):  # compile gdask.ml's kernels while the workers start
+            from gdask._warm import WarmKernels
+
+            self._worker_plugins.append(WarmKernels())
         if "data" not in kwargs and config.get("window-cache.enabled", True):
             from gdask.window_cache import WindowStore
 
@@ -132,16 +136,50 @@ class LocalGPUCluster(LocalCluster):
         spec["options"]["resources"] = {"GPU": 1}
         return {name: spec}
 
+    def _device_rows(self) -> list[dict[str, Any]]:
+        """One row per device: its spec, and the live figures its worker reported (if running)."""
+        from gdask import protocol
+
+        live: dict[str, dict] = {}
+        try:
+            for w in (self.scheduler_info or {}).get("workers", {}).values():
+                dev = (w.get("metrics") or {}).get(protocol.METRIC_DEVICE) or {}
+                if dev:
+                    live[str(w.get("name"))] = dev
+        except (AttributeError, TypeError):  # not started yet
+            pass
+        rows = []
+        for s in self.device_specs:
+            d = live.get(str(s.index), {})
+            rows.append({"index": s.index, "backend": s.backend, "name": s.name, "memory": s.memory,
+                         "speed": s.speed, "used": d.get("memory_used"), "tasks": d.get("tasks"),
+                         "running": bool(d)})
+        return rows
+
     def _repr_html_(self, cluster_status=None) -> str:
+        import html
+
+        from dask.utils import format_bytes
+
         rows = "".join(
-            f"<tr><td>{s.index}</td><td>{s.backend}</td><td>{s.name}</td><td>{s.memory / 2**30:.2f} GiB</td>"
-            f"<td>{s.speed:g}</td></tr>"
-            for s in self.device_specs
+            f"<tr><td>{r['index']}</td><td>{html.escape(r['backend'])}</td><td>{html.escape(str(r['name']))}</td>"
+            f"<td>{format_bytes(int(r['memory']))}</td><td>{r['speed']:g}</td>"
+            f"<td>{'–' if r['used'] is None else format_bytes(int(r['used']))}</td>"
+            f"<td>{'–' if r['tasks'] is None else r['tasks']}</td>"
+            f"<td>{'running' if r['running'] else 'starting'}</td></tr>"
+            for r in self._device_rows()
         )
         table = (
-            "<table><tr><th>device</th><th>backend</th><th>name</th><th>memory</th><th>speed</th></tr>"
-            f"{rows}</table>"
+            "<table><tr><th>device</th><th>backend</th><th>name</th><th>memory</th><th>speed</th><th>used</th>"
+            f"<th>tasks</th><th>worker</th></tr>{rows}</table>"
         )
-        return f"<div><strong>gdask LocalGPUCluster</strong> ({self.backend})</div>{table}" + super()._repr_html_(
-            cluster_status=cluster_status
-        )
+        link = ""
+        try:
+            if self.dashboard_link:
+                page = self.dashboard_link.rsplit("/", 1)[0] + "/gdask"
+                link = f' · <a href="{html.escape(page)}" target="_blank">gdask dashboard</a>'
+        except (AttributeError, KeyError, TypeError):  # no HTTP server
+            pass
+        head = (f"<div><strong>gdask LocalGPUCluster</strong>: {len(self.device_specs)} {html.escape(self.backend)} "
+                f"device(s){link}</div>")
+        return head + table + super()._repr_html_(cluster_status=cluster_status)

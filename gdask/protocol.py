@@ -13,8 +13,8 @@ __all__ = [
     "HANDLER_COLLECTIVE", "HANDLER_COLLECTIVE_ABORT", "HANDLER_DEVICE_TABLE", "HANDLER_JOBS",
     "HANDLER_JOB_CLOSE", "HANDLER_JOB_OPEN", "HANDLER_OBSERVE", "HANDLER_PLACEMENT_STATS", "HANDLER_STATE",
     "METRIC_DEVICE", "METRIC_NVML", "METRIC_STREAMS", "METRIC_WINDOW",
-    "PLUGIN_COLLECTIVE", "PLUGIN_DEVICE", "PLUGIN_EXECUTION_LOG", "PLUGIN_JOBS", "PLUGIN_JOB_MONITOR",
-    "PLUGIN_PLACEMENT",
+    "PLUGIN_COLLECTIVE", "PLUGIN_DASHBOARD", "PLUGIN_DEVICE", "PLUGIN_EXECUTION_LOG", "PLUGIN_JOBS",
+    "PLUGIN_JOB_MONITOR", "PLUGIN_PLACEMENT",
 ]
 
 # -- plugins (``plugin.name``: one instance per scheduler / worker) ----------------------------------
@@ -22,6 +22,8 @@ __all__ = [
 PLUGIN_PLACEMENT = "gdask-placement"
 #: scheduler: grants device shares to jobs (:class:`gdask.scheduling.JobScheduler`)
 PLUGIN_JOBS = "gdask-jobs"
+#: scheduler: samples devices for gdask's dashboard page (``/gdask``), added by the two above
+PLUGIN_DASHBOARD = "gdask-dashboard"
 #: scheduler: records which tasks ran (GTracker's execution log)
 PLUGIN_EXECUTION_LOG = "gdask-execution-log"
 #: worker: owns the worker's device, its stream executor and the worker's gdask state

@@ -199,6 +199,7 @@ class _ClientContext(LoopContext):
         self._progress = progress
         self._t0 = time.perf_counter()
         self._passes = 0
+        self._moved = _window_bytes_h2d() if stream else None
 
     def _resolve(self, a: Any) -> Any:
         return self.datasets[a.name] if isinstance(a, Blocks) else a
@@ -236,9 +237,29 @@ class _ClientContext(LoopContext):
 
     def checkpoint(self, state, **record):
         now = time.perf_counter()
+        if self.stream and "bytes_h2d" not in record:  # streaming: what the window copied this iteration
+            moved = _window_bytes_h2d()
+            if moved is not None:
+                if self._moved is not None:
+                    record["bytes_h2d"] = max(0, moved - self._moved)
+                self._moved = moved
         rec = self._record(record, now - self._t0)
         self._t0 = now
         self._progress(state, rec)
+
+
+def _window_bytes_h2d() -> int | None:
+    """Bytes the workers' window stores copied to their devices so far (one round trip), or None."""
+    client = _client_or_none()
+    if client is None:
+        return None
+    from gdask.window_cache import stats
+
+    try:
+        return int(stats(client)["bytes_h2d"])
+    except Exception as e:  # noqa: BLE001 - progress must not end a fit: the record just lacks the field
+        logger.debug("could not read the window stores' transfer counters: %r", e)
+        return None
 
 
 def _blocks_name(func: Callable) -> str:

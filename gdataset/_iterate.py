@@ -54,6 +54,58 @@ class IterateResult:
     converged: bool
     history: list[dict] = field(default_factory=list)
 
+    def _totals(self) -> dict[str, Any]:
+        h = self.history
+        tot = {k: sum(int(r.get(k) or 0) for r in h) for k in ("submitted", "executed", "reused", "channel_bytes")}
+        tot["seconds"] = sum(float(r.get("seconds") or 0.0) for r in h)
+        tot["change"] = h[-1].get("change") if h else None
+        return tot
+
+    def __repr__(self) -> str:
+        t = self._totals()
+        change = "" if t["change"] is None else f", last change {t['change']:.3g}"
+        share = f" ({100 * t['reused'] / t['submitted']:.0f}%)" if t["submitted"] else ""
+        return (f"IterateResult({'converged' if self.converged else 'not converged'} after {self.n_iter} "
+                f"iteration(s) in {t['seconds']:.3g} s{change}; tasks: {t['executed']} executed, {t['reused']} "
+                f"reused of {t['submitted']} submitted{share}; state: {_describe(self.state)}; "
+                f"history: {len(self.history)} records)")
+
+    def _repr_html_(self) -> str:
+        import html
+
+        t = self._totals()
+        rows = []
+        hist = self.history
+        show = hist if len(hist) <= 10 else hist[:5] + [None] + hist[-4:]
+        for r in show:
+            if r is None:
+                rows.append("<tr><td colspan=6>...</td></tr>")
+                continue
+            ch = r.get("change")
+            rows.append(f"<tr><td>{r.get('iteration')}</td><td>{'' if ch is None else f'{ch:.3g}'}</td>"
+                        f"<td>{r.get('executed', '')}</td><td>{r.get('reused', '')}</td>"
+                        f"<td>{'' if r.get('active_blocks') is None else r['active_blocks']}</td>"
+                        f"<td>{1e3 * float(r.get('seconds') or 0):.1f}</td></tr>")
+        return (f"<div><strong>IterateResult</strong>: {'converged' if self.converged else 'not converged'} after "
+                f"{self.n_iter} iteration(s) in {t['seconds']:.3g} s; {t['executed']} tasks executed, {t['reused']} "
+                f"reused of {t['submitted']}; state {html.escape(_describe(self.state))}</div>"
+                "<table><tr><th>iteration</th><th>change</th><th>executed</th><th>reused</th><th>active blocks</th>"
+                "<th>ms</th></tr>" + "".join(rows) + "</table>")
+
+
+def _describe(state: Any) -> str:
+    """A short description of a loop state (not its values)."""
+    if isinstance(state, dict):
+        return "{" + ", ".join(f"{k}: {_describe(v)}" for k, v in list(state.items())[:4]) + (
+            ", ..." if len(state) > 4 else "") + "}"
+    if isinstance(state, (list, tuple)):
+        inner = _describe(state[0]) if state else ""
+        return f"{type(state).__name__} of {len(state)}" + (f" x {inner}" if inner else "")
+    shape, dtype = getattr(state, "shape", None), getattr(state, "dtype", None)
+    if shape is not None:
+        return f"array{tuple(shape)} {dtype}"
+    return type(state).__name__
+
 
 def _l1(a: Any, b: Any) -> float:
     return float(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)).sum())
@@ -69,7 +121,7 @@ def _change(old: Any, new: Any) -> float:
 
 def iterate(step: Callable[..., Any], state: Any, data: Any = None, *, max_iter: int = 100, tol: float = 1e-6,
             block_tol: float | None = None, client: Any = None, tracker: GTracker | None = None,
-            per_block: bool | None = None, verbose: bool | int = 0,
+            per_block: bool | None = None, verbose: bool | int = 0, callback: Callable[[dict], Any] | None = None,
             progress: Progress | None = None) -> IterateResult:
     """Run ``state = step(data, state, ctx)`` until the L1 change is at most ``tol``, reusing work.
 
@@ -112,9 +164,12 @@ def iterate(step: Callable[..., Any], state: Any, data: Any = None, *, max_iter:
     tracker : GTracker, optional
         Reuse an existing tracker (default: a new one, closed at the end).
     verbose : bool or int
-        One line per iteration (its change, tasks executed and reused).
+        1: a progress bar and a summary line; 2: also one line per iteration (its change, tasks
+        executed and reused).
+    callback : callable, optional
+        ``callback(record)`` after every iteration (see :class:`IterateResult` for the fields).
     progress : Progress, optional
-        Where the per-iteration records go (default: from ``verbose``).
+        Where the per-iteration records go (default: from ``verbose`` and ``callback``).
 
     Returns
     -------
@@ -157,7 +212,8 @@ def iterate(step: Callable[..., Any], state: Any, data: Any = None, *, max_iter:
     try:
         tracker.activate()
         res = run_loop(algo, {}, start, client=client, mode="client",
-                       progress=progress or Progress(verbose=verbose, desc="iterate"))
+                       progress=progress or Progress(verbose=verbose, callback=callback, total=max_iter,
+                                                     desc="iterate"))
     finally:
         channel.close()
         if own:

@@ -273,11 +273,14 @@ def jobs(client: Any = None) -> Any:
     Returns
     -------
     pandas.DataFrame
+        Raw values (bytes, seconds, worker addresses), displayed in human units with worker names.
         Indexed by job name; ``df.attrs`` holds the sharing ``policy``, the interference model's
         ``model_error`` (mean absolute percentage error of its predictions before each clean
         measurement, a fraction) and the measured ``profiles`` per job kind.
     """
     import pandas as pd
+
+    from gdask.scheduling._registry import TableFrame
 
     if client is None:
         from distributed import get_client
@@ -288,6 +291,8 @@ def jobs(client: Any = None) -> Any:
     columns = ["job", "kind", "status", "devices", "share", "memory", "memory_used", "spilled_bytes", "bottleneck",
                "co_runners", "predicted_slowdown", "measured_slowdown", "waited", "runtime"]
     df = pd.DataFrame(info["rows"], columns=columns).set_index("job")
+    names = {a: str(w.get("name", a)) for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}
+    df = TableFrame(df, names=names, title=f"gdask jobs: {len(df)} (sharing policy {info.get('policy')})")
     df.attrs.update({k: v for k, v in info.items() if k != "rows"})
     return df
 
@@ -309,18 +314,22 @@ def report_work(client: Any, records: list[tuple[str, float, str, float]]) -> bo
     return True
 
 
-def device_table(client: Any = None):
+def device_table(client: Any = None, all_columns: bool = False):
     """Every device of the cluster with its memory, speed, streams and load.
 
     Parameters
     ----------
     client : distributed.Client, optional
         Default: the current client.
+    all_columns : bool
+        Display every column; default a compact view (name, memory, streams, speeds, placed, busy
+        time, window hit rate, ...). The frame holds every column either way.
 
     Returns
     -------
     pandas.DataFrame
-        One row per device worker: ``memory_total / used / free / peak``, ``pool`` (CUDA
+        Raw values (bytes, seconds), displayed in human units. One row per device worker:
+        ``memory_total / used / free / peak``, ``pool`` (CUDA
         allocator), ``streams``, ``speed_configured``, ``speed_measured`` (relative, learned by the
         placement plugin from task durations), ``tasks`` and ``busy_time`` (device counters),
         ``placed`` and ``backlog_s`` (placement plugin), on CUDA ``gpu_util``, ``mem_util``,
@@ -339,4 +348,4 @@ def device_table(client: Any = None):
         client = default_client()
     ensure_plugins(client)
     rows = client.sync(getattr(client.scheduler, protocol.HANDLER_DEVICE_TABLE))
-    return frame(rows)
+    return frame(rows, all_columns=all_columns)

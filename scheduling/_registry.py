@@ -14,13 +14,20 @@ from typing import Any, Mapping
 
 from gdask import protocol
 
-__all__ = ["device_rows", "flatten_metrics", "frame"]
+__all__ = ["COMPACT", "TableFrame", "device_rows", "flatten_metrics", "frame", "human"]
 
 #: columns first in the table, in this order (others follow alphabetically)
 COLUMNS = (
     "worker", "name", "device", "backend", "device_name", "memory_total", "memory_used", "memory_free",
     "memory_peak", "pool", "streams", "speed_configured", "speed_measured", "tasks", "busy_time",
     "placed", "backlog_s", "gpu_util", "mem_util", "sm_count", "topology",
+)
+
+#: the device table's default view (``device_table(client, all_columns=True)`` shows every column)
+COMPACT = (
+    "name", "device", "backend", "device_name", "memory_total", "memory_used", "streams", "speed_configured",
+    "speed_measured", "placed", "tasks", "busy_time", "window.hit_rate", "window.window_bytes", "window.host_bytes",
+    "gpu_util",
 )
 
 _DEVICE_FIELDS = {
@@ -102,10 +109,122 @@ def device_rows(workers: Mapping[str, Mapping[str, Any]],
     return sorted(rows, key=order)
 
 
-def frame(rows: list[dict[str, Any]]):
-    """The device table as a pandas DataFrame, the known columns first."""
+# -- display --------------------------------------------------------------------------------------
+_SECONDS = ("busy_time", "backlog_s", "gpu_busy_s", "stall_time", "waited", "runtime", "throughput_s")
+_RATIOS = ("hit_rate", "share", "gpu_util", "mem_util")
+
+
+def _kind(col: str) -> str | None:
+    base = col.rsplit(".", 1)[-1]
+    if base in _RATIOS:
+        return "ratio"
+    if base in _SECONDS or base.endswith("_s") or base.endswith("_time"):
+        return "seconds"
+    if "bytes" in base or (base.startswith("memory") and base != "mem_util") or base == "pool":
+        return "bytes"
+    if "slowdown" in base:
+        return "times"
+    return None
+
+
+def human(value: Any, kind: str | None, names: Mapping[str, str] | None = None) -> Any:
+    """One cell for display: bytes as ``1.5 GiB``, seconds as ``12.3 s``, ratios as ``45%``, worker
+    addresses (also in lists) as worker names; anything else unchanged."""
+    import math
+
+    from dask.utils import format_bytes
+
+    if isinstance(value, (list, tuple, set)):
+        return ", ".join(str(human(v, kind, names)) for v in value) or "–"
+    if isinstance(value, str):
+        return (names or {}).get(value, value)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, bool) or not isinstance(value, numbers.Number):
+        return value
+    if kind == "bytes":
+        return format_bytes(int(value))
+    if kind == "seconds":
+        return f"{value:.3g} s" if value < 100 else f"{value:,.0f} s"
+    if kind == "ratio":
+        return f"{100 * value:.0f}%"
+    if kind == "times":
+        return f"{value:.2f}x"
+    return value
+
+
+def _table_class():
+    import pandas as pd
+
+    class TableFrame(pd.DataFrame):
+        """A pandas DataFrame of gdask's raw values (bytes, seconds, addresses) that DISPLAYS in
+        human units, with a compact choice of columns unless ``all_columns``. Derived frames
+        (selections, arithmetic) are plain DataFrames; ``pd.DataFrame(t)`` gives a plain copy."""
+
+        _metadata = ["gdask_view", "gdask_names", "gdask_title"]
+
+        @property
+        def _constructor(self):
+            return pd.DataFrame
+
+        def display_frame(self) -> pd.DataFrame:
+            """What is shown: the chosen columns, formatted (strings)."""
+            view = getattr(self, "gdask_view", None)
+            cols = [c for c in self.columns if view is None or c in view]
+            plain = pd.DataFrame(self)[cols]
+            names = getattr(self, "gdask_names", None) or {}
+            out = pd.DataFrame(index=plain.index)
+            for c in cols:
+                k = _kind(str(c))
+                out[c] = [human(v, k, names) for v in plain[c]]
+            return out
+
+        def _caption(self) -> str:
+            view = getattr(self, "gdask_view", None)
+            hidden = 0 if view is None else sum(c not in view for c in self.columns)
+            title = getattr(self, "gdask_title", None) or ""
+            more = f" ({hidden} more columns: all_columns=True)" if hidden else ""
+            return f"{title}{more}"
+
+        def __repr__(self) -> str:
+            cap = self._caption()
+            shown = self.display_frame()
+            text = shown.to_string() if len(shown) <= 60 else repr(shown)  # a terminal shows every column
+            return (cap + "\n" if cap else "") + text
+
+        def _repr_html_(self) -> str:
+            import html
+
+            cap = self._caption()
+            head = f"<div style='font-size:12px;color:#666'>{html.escape(cap)}</div>" if cap else ""
+            return head + self.display_frame()._repr_html_()
+
+    return TableFrame
+
+
+_TABLE: Any = None
+
+
+def TableFrame(*args: Any, view: Any = None, names: Mapping[str, str] | None = None, title: str | None = None,
+               **kwargs: Any):
+    """A :class:`pandas.DataFrame` (raw values) displayed in human units; see :func:`frame`."""
+    global _TABLE
+    if _TABLE is None:
+        _TABLE = _table_class()
+    t = _TABLE(*args, **kwargs)
+    t.gdask_view = None if view is None else tuple(view)
+    t.gdask_names = dict(names or {})
+    t.gdask_title = title
+    return t
+
+
+def frame(rows: list[dict[str, Any]], all_columns: bool = True):
+    """The device table: a pandas DataFrame of raw values (bytes, seconds), the known columns first,
+    displayed in human units; ``all_columns=False`` displays the compact view (:data:`COMPACT`)."""
     import pandas as pd
 
     cols = [c for c in COLUMNS if any(c in r for r in rows)]
     cols += sorted({c for r in rows for c in r} - set(cols))
-    return pd.DataFrame(rows, columns=cols if rows else list(COLUMNS[:2]))
+    plain = pd.DataFrame(rows, columns=cols if rows else list(COLUMNS[:2]))
+    return TableFrame(plain, view=None if all_columns else COMPACT,
+                      title=f"gdask devices: {len(plain)}")

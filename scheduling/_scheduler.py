@@ -150,6 +150,9 @@ class GPUPlacement(SchedulerPlugin):
         scheduler.handlers[protocol.HANDLER_DEVICE_TABLE] = self._handle_table
         scheduler.handlers[protocol.HANDLER_PLACEMENT_STATS] = self._handle_stats
         scheduler.handlers[protocol.HANDLER_OBSERVE] = self._handle_observe
+        from gdask.scheduling._dashboard import register
+
+        register(scheduler)  # the /gdask page of the dashboard
 
     def add_worker(self, scheduler: Any, worker: str) -> None:
         if self.placer is not None and worker in scheduler.workers:

@@ -115,6 +115,9 @@ class JobScheduler(SchedulerPlugin):
         scheduler.handlers[protocol.HANDLER_JOB_OPEN] = self._handle_open
         scheduler.handlers[protocol.HANDLER_JOB_CLOSE] = self._handle_close
         scheduler.handlers[protocol.HANDLER_JOBS] = self._handle_jobs
+        from gdask.scheduling._dashboard import register
+
+        register(scheduler)  # the /gdask page of the dashboard
 
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
         if worker in self.ledger.devices:

@@ -113,6 +113,9 @@ def _check_load_balance(d):
     assert max(rates.values()) > 2 * min(rates.values())
 
 
+#: benchmarks with a --plot figure (gdask.plot)
+PLOTS = ("load_balance", "window", "sharing")
+
 CHECKS = {"window": _check_window, "sharing": _check_sharing, "logistic": _check_logistic,
           "incremental": _check_incremental, "load_balance": _check_load_balance, "cycles": _check_cycles}
 
@@ -121,8 +124,10 @@ CHECKS = {"window": _check_window, "sharing": _check_sharing, "logistic": _check
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_benchmark_runs_at_tiny_size(name, tmp_path):
     out = tmp_path / f"{name}.json"
+    png = tmp_path / f"{name}.png"
+    plot = ["--plot", str(png)] if name in PLOTS else []
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), *CASES[name], "--json", str(out)],
+    proc = subprocess.run([sys.executable, str(BENCH / f"{name}.py"), *CASES[name], "--json", str(out), *plot],
                           check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     tail = (proc.stdout[-3000:] + "\n" + proc.stderr[-3000:]).strip()
     assert proc.returncode in (0, 1), tail  # 1: a bar not met, at this size
@@ -134,6 +139,8 @@ def test_benchmark_runs_at_tiny_size(name, tmp_path):
     assert setup and setup["versions"]["numpy"], tail
     if name in CHECKS:
         CHECKS[name](data)
+    if plot:  # --plot wrote a PNG figure
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000, tail
 
 
 # -- the pure pieces ---------------------------------------------------------------------------

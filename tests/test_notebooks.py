@@ -1,3 +1,7 @@
+"""The notebooks run from top to bottom (nbclient) and show what they promise."""
+
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -8,10 +12,73 @@ nbclient = pytest.importorskip("nbclient")
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
+def _text(cell) -> str:
+    out = []
+    for o in cell.get("outputs", []):
+        if o.get("output_type") == "stream":
+            out.append(o["text"])
+        else:
+            out.extend(str(v) for v in o.get("data", {}).values())
+    return "".join(out)
+
+
+def _cell(nb, source_start: str):
+    return next(c for c in nb.cells if c.cell_type == "code" and c.source.startswith(source_start))
+
+
+def _check_quickstart(nb):
+    assert "persisted: all 8 blocks" in _text(_cell(nb, "rng = "))  # the repr right after persist()
+    assert "<svg" in _text(_cell(nb, "rng = "))  # the block diagram
+    fit = _text(_cell(nb, "km = "))
+    assert "KMeans: " in fit and "iterations in" in fit and "'workers'" in fit  # bar + summary in the fit's cell
+    assert "4.00 GiB" in _text(_cell(nb, "gdask.scheduling.device_table"))
+    assert "labels agree" in _text(nb.cells[-1])
+
+
+def _check_custom_loop(nb):
+    assert "power iteration: " in _text(_cell(nb, "rng = "))
+    assert "|cos| with numpy eigh: 1.0000000" in _text(_cell(nb, "top = "))
+    assert "image/png" in str(_cell(nb, "import gdask.plot").outputs)
+    assert "reused" in _text(nb.cells[-1])
+
+
+def _check_unequal(nb):
+    assert "device_speeds" in nb.cells[1].source and "0.5" in _text(nb.cells[1])  # the cluster lists its speeds
+    assert "image/png" in str(_cell(nb, "import time").outputs)
+
+
+def _check_larger(nb):
+    assert "host tier" in _text(_cell(nb, "x = "))  # blocks in host memory, marked in the diagram
+    assert "hit rate after the first pass" in _text(_cell(nb, "later = "))
+    stats = _text(_cell(nb, "stats = "))
+    assert "gdask window cache" in stats and "<svg" in stats and "0.0% of 0 reads" not in stats
+    assert "moved to the devices" in _text(_cell(nb, "km = "))  # streaming K-means reports bytes moved
+
+
+def _check_sharing(nb):
+    assert "jobs done: " in _text(nb.cells[-1])
+    table = _text(_cell(nb, "with gdask.job"))
+    assert "64.00 MiB" in table and "tcp://" not in table.split("gdask jobs")[-1].split("</table>")[0]
+
+
+CHECKS = {"01-quickstart.ipynb": _check_quickstart, "02-custom-loop.ipynb": _check_custom_loop,
+          "03-unequal-devices.ipynb": _check_unequal, "04-larger-than-memory.ipynb": _check_larger,
+          "05-sharing.ipynb": _check_sharing}
+
+
+def test_every_notebook_has_checks():
+    assert sorted(CHECKS) == [p.name for p in NOTEBOOKS]
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_runs(path):
+def test_notebook_runs(path, tmp_path):
     nb = nbformat.read(path, as_version=4)
-    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3").execute()
+    t0 = time.perf_counter()
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}},
+                            ).execute()
+    print(f"{path.name}: {time.perf_counter() - t0:.1f} s")
+    if os.environ.get("GDASK_NOTEBOOKS_OUT"):  # keep the executed notebook (to look at its outputs)
+        nbformat.write(nb, Path(os.environ["GDASK_NOTEBOOKS_OUT"]) / path.name)
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
-    assert any("GDataSet" in str(o.get("data", {})) for o in outputs)
+    CHECKS[path.name](nb)

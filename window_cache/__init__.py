@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from gdask.window_cache._policy import LRU, FurthestInFuture, ScanOrder, WindowSize, scan_order
 from gdask.window_cache._scan import scan, scan_priority
-from gdask.window_cache._stats import hint_order, stats, worker_store
+from gdask.window_cache._stats import WindowStats, hint_order, stats, worker_store
 from gdask.window_cache._store import State, WindowCacheMemoryError, WindowStore, make_room, use_window_store
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "State",
     "WindowCacheMemoryError",
     "WindowSize",
+    "WindowStats",
     "WindowStore",
     "hint_order",
     "make_room",

@@ -245,7 +245,8 @@ def _make_gs_step(damping: float, sweeps: int, descending: bool):
 
 def pagerank(A: Any, *, damping: float = 0.85, tol: float = 1e-6, max_iter: int = 200, nblocks: int | None = None,
              method: str = "gauss-seidel", inner_sweeps: int = 2, client: Any = None, return_info: bool = False,
-             gpu: float | None = None, memory: Any = None, job_name: str | None = None):
+             gpu: float | None = None, memory: Any = None, job_name: str | None = None, verbose: int = 0,
+             callback: Any = None):
     """PageRank of a directed graph as a delta iteration over a blocked sparse graph.
 
     Same definition as ``networkx.pagerank`` (uniform teleport, dangling nodes' rank spread
@@ -286,6 +287,11 @@ def pagerank(A: Any, *, damping: float = 0.85, tol: float = 1e-6, max_iter: int 
     gpu, memory, job_name : optional
         Run inside ``gdask.job(client, gpu=gpu, memory=memory, name=job_name)`` (a share of a
         device, see :func:`gdask.job`); default: no share is asked for.
+    verbose : int, default 0
+        1: a progress bar and a summary line; 2: one line per iteration (:class:`gdask.gdataset.Progress`).
+    callback : callable, optional
+        ``callback(record)`` after every iteration (``iteration``, ``seconds``, ``change``,
+        ``executed``, ``reused``, ``active_blocks``, ...).
     return_info : bool
         Also return a dict with ``n_iter``, ``converged``, ``history`` (per-iteration tasks
         executed/reused, active blocks), ``block_tasks`` (block tasks per iteration if nothing
@@ -312,11 +318,12 @@ def pagerank(A: Any, *, damping: float = 0.85, tol: float = 1e-6, max_iter: int 
 
     with job_scope(gpu, memory, job_name, "pagerank"):
         return _pagerank(A, damping=damping, tol=tol, max_iter=max_iter, nblocks=nblocks, method=method,
-                         inner_sweeps=inner_sweeps, client=client, return_info=return_info)
+                         inner_sweeps=inner_sweeps, client=client, return_info=return_info, verbose=verbose,
+                         callback=callback)
 
 
 def _pagerank(A: Any, *, damping: float, tol: float, max_iter: int, nblocks: int | None, method: str,
-              inner_sweeps: int, client: Any, return_info: bool):
+              inner_sweeps: int, client: Any, return_info: bool, verbose: int = 0, callback: Any = None):
     from gdask.gdataset import iterate
 
     if not 0 < damping < 1:
@@ -344,8 +351,11 @@ def _pagerank(A: Any, *, damping: float, tol: float, max_iter: int, nblocks: int
         # every iterate stays below the fixed point y (Jacobi and Gauss-Seidel alike: each value is a
         # non-negative combination of values below y, started from y0 <= y), so sum(y_k) <= sum(y):
         # tol * sum(y_k) on y's L1 change is at least as strict as tol on the normalised ranks' change.
+        from gdask.gdataset import Progress
+
         res = iterate(step, y0, data=G, max_iter=max_iter,
-                      tol=lambda s: tol * sum(float(b.sum()) for b in s), client=client, per_block=True)
+                      tol=lambda s: tol * sum(float(b.sum()) for b in s), client=client, per_block=True,
+                      progress=Progress(verbose, callback, total=max_iter, desc="pagerank"))
     finally:
         G.release()
     y = np.concatenate(res.state)

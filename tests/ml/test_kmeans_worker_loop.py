@@ -72,7 +72,7 @@ def test_many_empty_clusters_take_an_extra_pass_on_the_workers(bclient):
 def test_verbose_prints_every_iteration_once_in_order(client, data, capsys):
     G = gdask.from_array(data[0], block_rows=5_000).persist()
     records = []
-    km = KMeans(5, init=data[1], max_iter=6, tol=0, verbose=True, callback=records.append).fit(G)
+    km = KMeans(5, init=data[1], max_iter=6, tol=0, verbose=2, callback=records.append).fit(G)
     assert km.fit_mode_ == "workers"
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("iteration")]
     assert [ln.split(":")[0] for ln in lines] == [f"iteration {i}" for i in range(1, 7)]
