@@ -178,7 +178,7 @@ def dashboard_data(scheduler: Any, plugin: DashboardPlugin | None = None) -> dic
             "memory": _num(dev.get("memory")), "memory_used": _num(dev.get("memory_used")),
             "window_bytes": _num(win.get("window_bytes")), "host_bytes": _num(win.get("host_bytes")),
             # blocks per tier of the window store (its metrics name them "<tier>_" + "blocks")
-            **{f"{tier}_count": int(_num(win.get(f"{tier}_{'blocks'}"))) for tier in ("device", "host", "disk")},
+            **{f"{tier}_count": int(_num(win.get(f"{tier}_blocks"))) for tier in ("device", "host", "disk")},
             "hit_rate": win.get("hit_rate") if win.get("reads") else None, "reads": int(_num(win.get("reads"))),
             "streams": int(streams), "max_streams": int(_num(st.get("max_streams") or streams, streams)),
             "placed": int(_num(ps.get("placed"))), "speed_measured": ps.get("speed_measured"),

@@ -50,7 +50,7 @@ def _block_index(key: Any) -> int | None:
 
 
 def _arg_bytes(ts: Any) -> int:
-    """Bytes of array arguments embedded in a task (the input of a ``to_device`` block)."""
+    """Bytes of array arguments embedded in a task (the host data a source block copies to its device)."""
     total = 0
     for a in getattr(ts.run_spec, "args", ()) or ():
         n = getattr(a, "nbytes", None)
@@ -73,7 +73,7 @@ def _compute_seconds(startstops: Any) -> float | None:
 class GPUPlacement(SchedulerPlugin):
     """Place GDataSet (GPU) tasks on devices; leave every other task to stock Dask.
 
-    * Source blocks (block tasks without dependencies, e.g. ``from_array``) are mapped to devices
+    * Source blocks (block tasks without dependencies: host data copied to a device) are mapped to devices
       in proportion to each device's speed (:func:`proportional_mapping`).
     * Every other GPU task goes to the device with the earliest predicted finish
       (:class:`EarliestFinish`): the device's queue of predicted work, a duration learned per
