@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import math
 from typing import Any
 
 from dask.utils import format_bytes
@@ -93,11 +94,11 @@ def gdataset_html(x: Any) -> str:
         if i is None:
             rows.append("<tr><td colspan=4>...</td></tr>")
             continue
-        nb = x.row_blocks[i] * (x.ncols or 1) * x.dtype.itemsize
+        nb = x.row_blocks[i] * math.prod(x.shape[1:]) * x.dtype.itemsize
         loc = where.get(i, "not persisted" if not where else "?")
         rows.append(f"<tr><td>{i}</td><td>{offs[i]}:{offs[i] + x.row_blocks[i]}</td><td>{format_bytes(nb)}</td>"
                     f"<td>{html.escape(loc)}</td></tr>")
-    layout = "feature-major (Fortran order)" if x.ndim == 2 else "contiguous"
+    layout = {2: "feature-major (Fortran order)", 3: "time-major (T, rows, f)"}.get(x.ndim, "contiguous")
     return (
         "<div><strong>GDataSet</strong> "
         f"<code>{html.escape(x.name)}</code><br>shape {x.shape}, dtype {x.dtype}, {format_bytes(x.nbytes)} in "
