@@ -58,7 +58,8 @@ def test_elementwise_normalisation_keeps_the_layout(seq):
 
 
 @pytest.mark.parametrize("index", [np.array([0, 3, 17, 18, 40, 49]), slice(10, 30), slice(None, None, 7),
-                                   np.arange(50) % 3 == 0, [1, 2, 2, 20]], ids=["ints", "slice", "step", "mask", "list"])
+                                   np.arange(50) % 3 == 0, [1, 2, 2, 20]],
+                         ids=["ints", "slice", "step", "mask", "list"])
 def test_row_selection(seq, index):
     x, X = seq
     S = X[index]
