@@ -295,12 +295,17 @@ class _WorkersContext(LoopContext):
         return self.owned
 
     @property
+    def address(self) -> str:
+        """This rank's worker address."""
+        return self.comm.worker.address
+
+    @property
     def host(self) -> str:
         """The host (name or IP) of this rank's worker, as its peers reach it (for side channels
         such as a ``torch.distributed`` rendezvous)."""
         from distributed.comm import get_address_host
 
-        return get_address_host(self.comm.worker.address)
+        return get_address_host(self.address)
 
     def hint(self, blocks):
         if not self.streaming:
@@ -348,32 +353,40 @@ class _WorkersContext(LoopContext):
                                                                                protocol=5)})
 
 
-class _StoreBlocks(Mapping):
-    """``{dataset name: block}`` of one block index whose arrays stay in the worker's store: each
-    access reads the store (the window cache moves the block onto the device if it is not there)."""
+@dataclass(frozen=True)
+class _StoreKey:
+    """A block left in the worker's store (read on use), in the arguments of a lazy loop task."""
 
-    def __init__(self, worker: Any, keys: dict[str, Any]) -> None:
+    key: Any
+
+
+class _StoreBlocks(Mapping):
+    """``{dataset name: block}`` of one block index: blocks of this worker stay in its store and each
+    access reads the store (the window cache moves the block onto the device if it is not there);
+    blocks of other workers came with the task."""
+
+    def __init__(self, worker: Any, handles: dict[str, Any]) -> None:
         self.worker = worker
-        self.keys = keys
+        self.handles = handles
 
     def __getitem__(self, name: str) -> Any:
-        key = self.keys[name]
-        if key is None:
-            return None
+        h = self.handles[name]
+        if not isinstance(h, _StoreKey):
+            return h
         try:
-            return self.worker.data[key]
+            return self.worker.data[h.key]
         except KeyError:
-            raise CollectiveError(f"block {key!r} is no longer on worker {self.worker.address} (moved or lost); "
+            raise CollectiveError(f"block {h.key!r} is no longer on worker {self.worker.address} (moved or lost); "
                                   "the loop restarts where the blocks are now") from None
 
     def __iter__(self):
-        return iter(self.keys)
+        return iter(self.handles)
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return len(self.handles)
 
     def keys_in_order(self) -> list:
-        return [k for k in self.keys.values() if k is not None]
+        return [h.key for h in self.handles.values() if isinstance(h, _StoreKey)]
 
 
 def _driver_on_worker(comm: Any, algorithm: IterativeAlgorithm, mine: list, names: list[str], nblocks: int,
@@ -381,7 +394,7 @@ def _driver_on_worker(comm: Any, algorithm: IterativeAlgorithm, mine: list, name
     """One worker's task of the loop on the workers (``mine`` = ``[(block, [arrays by name])]``, or
     ``[(block, [keys by name])]`` when ``lazy``: blocks read from the worker's store on use)."""
     if lazy:
-        owned = [(b, _StoreBlocks(comm.worker, dict(zip(names, keys)))) for b, keys in mine]
+        owned = [(b, _StoreBlocks(comm.worker, dict(zip(names, handles)))) for b, handles in mine]
     else:
         owned = [(b, dict(zip(names, arrays))) for b, arrays in mine]
     ctx = _WorkersContext(comm, owned, names, nblocks, token, iteration, topic, streaming=lazy)
@@ -417,9 +430,8 @@ class _LocalContext(_WorkersContext):
         super().__init__(_SelfComm(), owned, names, nblocks, token, iteration, None)
         self._progress = progress
 
-    @property
-    def host(self) -> str:
-        return "127.0.0.1"
+    address = "local"
+    host = "127.0.0.1"
 
     def checkpoint(self, state, **record):
         now = time.perf_counter()
@@ -592,7 +604,8 @@ def run_loop(algorithm: IterativeAlgorithm, data: dict[str, GDataSet | None], st
                     from gdask.gdataset._repr import block_workers, groups_of
 
                     # the lost blocks come back from lineage: wait for them, then start where they are
-                    where = block_workers(ref, client, wait_ready=True)
+                    where = block_workers(next(g for g in datasets.values() if g is not None), client,
+                                          wait_ready=True)
                     groups = groups_of(where, ref.nblocks)
                     if groups is None:
                         raise CollectiveError(f"{algorithm.name}: after a failed loop on the workers its blocks are "
@@ -641,13 +654,20 @@ def _run_on_workers(algorithm: IterativeAlgorithm, datasets: dict, groups: list[
     names = list(datasets)
     peers = sorted({workers[g[0]] for g in groups})
     mine: dict[str, list] = {a: [] for a in peers}
+    held: dict[str, dict[int, str]] = {}
+    if lazy:  # where each dataset's blocks are: those on the rank's own worker stay in its store
+        from gdask.gdataset._repr import block_workers
+
+        for n in names:
+            w = None if datasets[n] is None else block_workers(datasets[n], client, wait_ready=True)
+            held[n] = w[0] if w is not None else {}
     for g in groups:
         for b in g:
-            if lazy:
-                handles = [None if datasets[n] is None else (datasets[n].name, b) for n in names]
-            else:
-                handles = [None if datasets[n] is None else datasets[n].block(b) for n in names]
-            mine[workers[g[0]]].append((b, handles))
+            addr = workers[g[0]]
+            handles = [None if datasets[n] is None
+                       else _StoreKey((datasets[n].name, b)) if lazy and held[n].get(b) == addr
+                       else datasets[n].block(b) for n in names]
+            mine[addr].append((b, handles))
     for a in peers:
         mine[a].sort(key=lambda p: p[0])
     topic = f"gdask-loop-{token}"

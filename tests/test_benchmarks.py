@@ -37,6 +37,8 @@ CASES = {
                "--clusters", "4"],
     "sharing": ["--quick", "--jobs", "4", "--scale", "0.2", "--arrival", "0.05", "--corun-rounds", "1",
                 "--corun-duration", "0.25", "--mix-seeds", "1", "--mix-jobs", "6"],
+    "lstm": ["--tasks", "sine", "--rows", "600", "--test-rows", "100", "--timesteps", "6", "--hidden", "4",
+             "--epochs", "2", "--batch-size", "64"],
     "incremental": ["--rows", "4000", "--features", "4", "--blocks", "4", "--iterations", "3", "--refit-blocks", "8",
                     "--refit-block-rows", "100", "--nodes", "4000", "--graph-blocks", "2", "--p-back", "0.05"],
 }
@@ -107,7 +109,18 @@ def _check_load_balance(d):
     assert max(rates.values()) > 2 * min(rates.values())
 
 
-CHECKS = {"window": _check_window, "sharing": _check_sharing, "logistic": _check_logistic,
+def _check_lstm(d):
+    rows = {r["impl"]: r for r in d["results"] if r["task"] == "sine"}
+    assert set(rows) == {"a", "b", "c"}
+    assert all(len(r["epochs"]) == d["epochs"] for r in rows.values())
+    assert all(e["h2d_bytes"] == 0 for e in rows["a"]["epochs"])  # the data stays on the devices
+    assert all(e["h2d_bytes"] > 0 for e in rows["b"]["epochs"])  # the DataLoader moves every batch
+    assert all(e["h2d_bytes"] > 0 for e in rows["c"]["epochs"])  # the window brings blocks back
+    assert rows["c"]["data_bytes"] >= 2 * rows["c"]["device_memory"] * 0.99
+    assert d["agreement"]["sine"]["a_b_loss_curve"] is True  # the same order: the same curve
+
+
+CHECKS = {"window": _check_window, "lstm": _check_lstm, "sharing": _check_sharing, "logistic": _check_logistic,
           "incremental": _check_incremental, "load_balance": _check_load_balance}
 
 

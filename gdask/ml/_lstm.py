@@ -353,7 +353,8 @@ class LSTMRegressor(RegressorMixin, _LSTMBase):
     block_rows : int, optional
         Rows per block when X is split here (not a GDataSet); default: 4 blocks per device worker.
     callback : callable, optional
-        ``callback(record)`` after every epoch (``epoch``, ``loss``, ``h2d_bytes``, ``seconds``, ...).
+        ``callback(record)`` after every epoch (``epoch``, ``loss``, ``h2d_bytes``, ``seconds``,
+        ``shares`` = ``{worker address: training rows it computed}``, ...).
     gpu, memory, job_name : optional
         Fit inside ``gdask.job(client, gpu=gpu, memory=memory, name=job_name)``, a share of a device of
         the current Client's cluster (see :func:`gdask.job`); default: no share asked for.

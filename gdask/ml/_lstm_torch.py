@@ -36,7 +36,7 @@ from torch import nn
 
 from gdask import config
 from gdask.devices import current_device, to_numpy
-from gdask.gdataset import CollectiveError, IterativeAlgorithm, LoopContext
+from gdask.gdataset import CollectiveError, IterativeAlgorithm, LoopContext, time_major
 
 __all__ = ["ModelSpec", "SequenceModel", "LSTMTrainer", "initial_state", "predict_block", "predict_host",
            "as_tensor", "VALIDATION_STREAM"]
@@ -331,7 +331,7 @@ class LSTMTrainer(IterativeAlgorithm):
                     cache.clear()
                 record, score = self._end_of_epoch(model, state, ctx, local, offsets, val, cache, group, dev, tdev,
                                                    loss_total / max(len(train), 1), h2d0)
-                record["shares"] = [int(v) for v in ctx.allgather(mine)]  # training rows per worker (rank order)
+                record["shares"] = dict(ctx.allgather((ctx.address, mine)))  # training rows per worker
                 ctx.observe("lstm-epoch", sum(self.row_blocks[b] for b, _ in local) * self.row_bytes, busy[0])
                 state = self._next_state(state, model, opt, record["loss"], score)
                 ctx.checkpoint(state, **record, seconds_compute=busy[0],
@@ -387,8 +387,6 @@ class LSTMTrainer(IterativeAlgorithm):
     def _tensors(self, pos: int, local: list, cache: dict, tdev: torch.device) -> _Block:
         blk = cache.get(pos)
         if blk is None:
-            from gdask.gdataset._seq import time_major
-
             arrays = local[pos][1]
             xb, yb = arrays["X"], arrays["Y"]
             blk = cache[pos] = _Block(as_tensor(time_major(xb)).to(tdev), as_tensor(yb).to(tdev), _nbytes(xb))
@@ -572,8 +570,6 @@ def predict_host(spec: ModelSpec, params: dict[str, np.ndarray], x: np.ndarray, 
 def predict_block(block: Any, spec: ModelSpec, flat: Any) -> Any:
     """Model outputs for one sequence block where it lives (its time-major memory read in place);
     ``flat`` = the parameters as one vector. NumPy out for host blocks, the block's array type else."""
-    from gdask.gdataset._seq import time_major
-
     tdev = torch_device(current_device())
     model = build(spec, device=tdev)
     nn.utils.vector_to_parameters(as_tensor(np.asarray(to_numpy(flat))).to(tdev, _DTYPES[spec.dtype]),
