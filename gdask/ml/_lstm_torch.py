@@ -401,10 +401,10 @@ class LSTMTrainer(IterativeAlgorithm):
         return _StreamPlan(self, epoch, local, offsets, train, window)
 
     def _end_of_epoch(self, model, state, ctx, local, offsets, val, cache, group, dev, tdev, loss, h2d0):
-        """The epoch's record (all ranks agree): loss, validation score, host->device bytes."""
-        stats = [float(int(getattr(dev, "bytes_h2d", 0)) - h2d0)]
-        if val.size:
-            stats += self._validation_sums(model, ctx, local, offsets, val, cache, tdev)
+        """The epoch's record (all ranks agree): loss, validation score, host->device bytes (those of
+        the validation pass included)."""
+        sums = self._validation_sums(model, ctx, local, offsets, val, cache, tdev) if val.size else []
+        stats = [float(int(getattr(dev, "bytes_h2d", 0)) - h2d0), *sums]
         t = torch.tensor(stats, dtype=torch.float64, device=tdev)
         group.allreduce(t)
         stats = t.cpu().numpy()

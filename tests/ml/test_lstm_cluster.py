@@ -79,9 +79,9 @@ def test_learns_noisy_sine_on_the_devices(client):
     shares = reg.history_[0]["shares"]
     fast, slow = (shares[a] for a in sorted(shares, key=lambda a: -speeds[a]))
     assert fast + slow == 2000 and fast >= 1.4 * slow > 0  # devices of speed 1.0 and 0.5
-    local = LSTMRegressor(hidden_size=16, epochs=20, batch_size=128, random_state=0)
-    assert reg.predict(gdask.from_array(Xt, block_rows=100)).shape == (500,)  # the model run where blocks are
-    assert local.get_params() == reg.get_params()
+    # the model run where the blocks are: the same predictions as in this process
+    np.testing.assert_allclose(reg.predict(gdask.from_array(Xt, block_rows=100)), reg.predict(Xt), rtol=1e-5,
+                               atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype, rtol", [(np.float64, 1e-9), (np.float32, 2e-5)])
