@@ -14,7 +14,10 @@ Implementations:
     as a 3-D GDataSet that fits on the devices (``gdask.ml.LSTMRegressor`` / ``LSTMClassifier``);
 (b) a plain single-process PyTorch loop with a ``DataLoader`` over host NumPy (what users write
     today), the batches moved ``.to(device)`` every step, in the epoch order gdask documents
-    (``np.random.default_rng([seed, epoch]).permutation``) so that its loss curve is (a)'s;
+    (``np.random.default_rng([seed, epoch]).permutation``): the same batches as (a). Splitting a batch
+    over the workers changes the float32 rounding of its sums, which training can amplify over the
+    epochs (in float64 the curves agree to about 1e-12), so (a) and (b) must agree in the first
+    epoch's loss (1e-4) and in the final score (0.02);
 (c) gdask with the data twice the devices' memory, read through the window cache (each worker
     shuffles within windows of its blocks: another order, so (c) agrees with (a) and (b) within a
     statistical tolerance, not to rounding).
@@ -231,9 +234,12 @@ def main(argv=None):
     for task in a.tasks:
         rows = {r["impl"]: r for r in results if r["task"] == task}
         ag = {}
-        if "a" in rows and "b" in rows:  # the same order: the same curve, up to rounding
-            ag["a_b_loss_curve"] = _agree([e["loss"] for e in rows["a"]["epochs"]],
-                                          [e["loss"] for e in rows["b"]["epochs"]], 1e-3)
+        if "a" in rows and "b" in rows:  # the same batches: the same curve, up to float32 rounding
+            la = np.array([e["loss"] for e in rows["a"]["epochs"]])
+            lb = np.array([e["loss"] for e in rows["b"]["epochs"]])
+            ag["a_b_first_epoch_loss"] = _agree(la[:1], lb[:1], 1e-4)
+            ag["a_b_max_rel_loss_diff"] = float(np.max(np.abs(la - lb) / np.abs(lb)))
+            ag["a_b_score"] = bool(abs(rows["a"]["score"] - rows["b"]["score"]) <= 0.02)
             ag["a_b_epoch_time_ratio"] = rows["a"]["mean_epoch_s"] / rows["b"]["mean_epoch_s"]
         if "c" in rows and "b" in rows:  # another order: statistically the same fit
             ag["c_b_final_loss"] = _agree(rows["c"]["final_loss"], rows["b"]["final_loss"], 0.25)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 
-from gdask.devices import module_available, to_numpy
+from gdask.devices import array_module, module_available, to_numpy
 from gdask.gdataset import GDataSet, Progress, default_block_rows, from_array, run_loop
 from gdask.gdataset import from_dask_array as gdask_from_dask_array
 from gdask.ml._input import estimator_job
@@ -277,7 +277,6 @@ class _LSTMBase(BaseEstimator):
         params = res.state["best_model"] if (self.early_stopping and not partial
                                              and res.state.get("best_model") is not None) else res.state["model"]
         self._params = params
-        self._cpu_model = None
         return self
 
     # -- predict ------------------------------------------------------------------------------------------
@@ -489,14 +488,15 @@ class LSTMClassifier(ClassifierMixin, _LSTMBase):
     def predict_proba(self, X: Any) -> Any:
         """Class probabilities (softmax of the logits), shape (n_samples, n_classes)."""
         z = self._outputs(X)
-        xp = np if isinstance(z, np.ndarray) else __import__("cupy")
+        xp = array_module(z)
         z = z - z.max(axis=1, keepdims=True)
         e = xp.exp(z)
         return e / e.sum(axis=1, keepdims=True)
 
     def predict_log_proba(self, X: Any) -> Any:
+        """Logarithm of :meth:`predict_proba`."""
         p = self.predict_proba(X)
-        return (np if isinstance(p, np.ndarray) else __import__("cupy")).log(p)
+        return array_module(p).log(p)
 
     def predict(self, X: Any) -> Any:
         """Class labels: ``classes_[argmax]`` of the logits."""

@@ -323,9 +323,9 @@ class LSTMTrainer(IterativeAlgorithm):
                     # dropout masks: seeded per epoch and rank, so a resumed fit draws the same ones
                     torch.manual_seed(int(np.random.default_rng([self.seed, epoch, ctx.rank, 7]).integers(2**31)))
                     model.train()
-                    for parts in plan:
-                        loss_total += self._step(model, opt, params, parts, local, cache, plan, group, dev, tdev,
-                                                 busy)
+                    for parts, inv in plan:
+                        loss_total += self._step(model, opt, params, parts, inv, local, cache, plan, group, dev,
+                                                 tdev, busy)
                         mine += sum(int(rows.size) for _, rows in parts)
                 if ctx.streaming:
                     cache.clear()
@@ -340,9 +340,10 @@ class LSTMTrainer(IterativeAlgorithm):
         finally:
             group.close()
 
-    def _step(self, model, opt, params, parts, local, cache, plan, group, dev, tdev, busy) -> float:
+    def _step(self, model, opt, params, parts, inv, local, cache, plan, group, dev, tdev, busy) -> float:
         """One optimizer step; ``parts`` = ``[(local position, block-local rows)]``: the rows of the
-        global batch this worker holds. Returns the batch's summed loss (all ranks)."""
+        global batch this worker holds (``inv``: their order in the batch, see :class:`_GlobalPlan`).
+        Returns the batch's summed loss (all ranks)."""
         t = time.perf_counter()
 
         def compute() -> torch.Tensor:
@@ -356,6 +357,9 @@ class LSTMTrainer(IterativeAlgorithm):
             if xs:
                 x = xs[0] if len(xs) == 1 else torch.cat(xs, dim=1)
                 y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=0)
+                if inv is not None:  # the batch's own order: the same sums as one process computes
+                    order = torch.from_numpy(inv).to(tdev)
+                    x, y = x.index_select(1, order), y.index_select(0, order)
                 loss = self.loss_sum(model(x), y)
                 loss.backward()
                 count = y.shape[0]
@@ -489,25 +493,37 @@ def _line(epoch: int, record: dict, task: str) -> str:
 
 # -- the epoch plans ------------------------------------------------------------------------------------
 class _GlobalPlan:
-    """Data on the devices: global batches of the epoch's order; each step yields this worker's part."""
+    """Data on the devices: global batches of the epoch's order. Each step yields this worker's part,
+    ``(parts, inv)``: ``parts`` = ``[(local position, block-local rows)]`` in block order, and ``inv``
+    the permutation that puts the rows gathered block by block back in the batch's order (None when
+    they are in it): one worker holding every block computes exactly a single process's batch."""
 
     def __init__(self, order: np.ndarray, batch_size: int, offsets: np.ndarray, local: list) -> None:
         self.order = order
         self.batch_size = batch_size
         self.offsets = offsets
-        self.local = [(pos, b) for pos, (b, _) in enumerate(local)]
+        self.blocks = np.asarray([b for b, _ in local], dtype=np.int64)
+        self.pos = {int(b): pos for pos, (b, _) in enumerate(local)}
 
     def __iter__(self):
         ends = self.offsets[1:]
         for j in range(0, max(len(self.order), 1), self.batch_size):
             batch = self.order[j:j + self.batch_size]
             owner = np.searchsorted(ends, batch, side="right")
-            parts = []
-            for pos, b in self.local:
-                rows = batch[owner == b]
-                if rows.size:
-                    parts.append((pos, rows - self.offsets[b]))
-            yield parts
+            mine = np.isin(owner, self.blocks)
+            rows, own = batch[mine], owner[mine]
+            if not rows.size:
+                yield [], None
+                continue
+            by_block = np.argsort(own, kind="stable")
+            own, rows = own[by_block], rows[by_block]
+            cuts = [0, *(np.flatnonzero(np.diff(own)) + 1).tolist(), len(own)]
+            parts = [(self.pos[int(own[a])], rows[a:b] - self.offsets[own[a]]) for a, b in zip(cuts, cuts[1:])]
+            inv = None
+            if (by_block != np.arange(by_block.size)).any():
+                inv = np.empty_like(by_block)
+                inv[by_block] = np.arange(by_block.size)
+            yield parts, inv
 
     def done(self, parts: list, cache: dict) -> None:
         """Blocks on the devices stay cached for the whole fit."""
@@ -544,7 +560,7 @@ class _StreamPlan:
             out = []
             for p in np.unique(part[:, 0]):
                 out.append((int(p), part[part[:, 0] == p, 1]))
-            yield out
+            yield out, None
 
     def done(self, parts: list, cache: dict) -> None:
         """Drop a block once all its rows of the epoch were used: the window cache may evict it."""

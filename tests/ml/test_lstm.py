@@ -24,6 +24,31 @@ def sine_windows(n, T=20, noise=0.1, seed=0, dtype=np.float32):
     return s[:, :T, None].astype(dtype), s[:, T].astype(dtype)
 
 
+def plain_torch_loop(X, y, *, seed, hidden_size, epochs, batch_size, lr):
+    """What a user writes today: one process, torch's own init from the seed, the documented order."""
+    n, T, f = X.shape
+    dtype = torch.float64 if X.dtype == np.float64 else torch.float32
+    torch.manual_seed(seed)
+    lstm, head = torch.nn.LSTM(f, hidden_size), torch.nn.Linear(hidden_size, 1)
+    lstm, head = lstm.to(dtype), head.to(dtype)
+    opt = torch.optim.Adam(list(lstm.parameters()) + list(head.parameters()), lr=lr)
+    xt, yt = torch.from_numpy(np.ascontiguousarray(X.transpose(1, 0, 2))), torch.from_numpy(y)
+    curve = []
+    for epoch in range(epochs):
+        order = np.random.default_rng([seed, epoch]).permutation(n)
+        total = 0.0
+        for j in range(0, n, batch_size):
+            idx = torch.from_numpy(order[j:j + batch_size])
+            _, (h, _) = lstm(xt.index_select(1, idx))
+            loss = torch.nn.functional.mse_loss(head(h[-1])[:, 0], yt[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total += loss.item() * len(idx)
+        curve.append(total / n)
+    return curve
+
+
 @pytest.fixture(autouse=True, scope="module")
 def one_torch_thread():
     """The test machines are shared: torch's default threads oversubscribe the cores (30x slower)."""
@@ -60,6 +85,16 @@ def test_learns_noisy_sine_without_a_client():
     # the same predictions from a GDataSet (blocks on the device, the model run where they are)
     np.testing.assert_allclose(reg.predict(gdask.from_array(Xt, block_rows=128)), reg.predict(Xt), rtol=1e-5,
                                atol=1e-6)
+
+
+def test_one_worker_computes_exactly_what_a_single_process_loop_does():
+    """Without a Client the only rank holds every block: its batches (gathered block by block, put
+    back in the batch's order) are a plain PyTorch loop's, bit for bit (batch sizes that are powers of
+    two make ``sum / B`` and ``mean`` the same floats)."""
+    X, y = sine_windows(576, T=8, seed=2)
+    kw = dict(hidden_size=6, epochs=3, batch_size=64, lr=1e-2)
+    reg = LSTMRegressor(random_state=5, **kw).fit(gdask.from_array(X, block_rows=50), y)
+    assert reg.loss_curve_ == plain_torch_loop(X, y, seed=5, **kw)
 
 
 def test_same_seed_same_fit_and_partial_fit_continues():
@@ -144,15 +179,20 @@ def test_epoch_plans_cover_every_training_row_once():
     plans = [list(_GlobalPlan(order, 6, offsets, loc)) for loc in ranks]
     assert len(plans[0]) == len(plans[1]) == tr.steps(len(train))
     for j, (p0, p1) in enumerate(zip(*plans)):
-        got = [offsets[ranks[r][pos][0]] + rows for r, parts in enumerate((p0, p1)) for pos, rows in parts]
+        got = [offsets[ranks[r][pos][0]] + rows for r, (parts, _) in enumerate((p0, p1)) for pos, rows in parts]
         assert sorted(np.concatenate(got).tolist()) == sorted(order[6 * j:6 * j + 6].tolist())
+    # one worker with every block: its rows, put back in order by ``inv``, are the batch itself
+    one = [(b, {}) for b in range(4)]
+    for j, (parts, inv) in enumerate(_GlobalPlan(order, 6, offsets, one)):
+        cat = np.concatenate([offsets[one[pos][0]] + rows for pos, rows in parts])
+        np.testing.assert_array_equal(cat if inv is None else cat[inv], order[6 * j:6 * j + 6])
     # the streaming plan: every training row of the worker once per epoch, the same number of steps
     for epoch in (0, 1):
         for loc in ranks:
             sp = _StreamPlan(tr, epoch, loc, offsets, train, window=1)
             parts = list(sp)
             assert len(parts) == tr.steps(len(train))
-            rows = sorted(int(offsets[loc[pos][0]] + r) for step in parts for pos, rr in step for r in rr)
+            rows = sorted(int(offsets[loc[pos][0]] + r) for step, _ in parts for pos, rr in step for r in rr)
             mine = [r for r in train if any(offsets[b] <= r < offsets[b + 1] for b, _ in loc)]
             assert rows == mine
             assert sp.order == [b for b, _ in (loc if epoch == 0 else loc[::-1])]  # alternating scans

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 import gdask  # noqa: E402
 from gdask.ml import LSTMClassifier, LSTMRegressor  # noqa: E402
-from tests.ml.test_lstm import sine_windows  # noqa: E402
+from tests.ml.test_lstm import plain_torch_loop, sine_windows  # noqa: E402
 
 DEVICE_MEMORY = 8 * 2**20
 
@@ -38,31 +38,6 @@ def _device_speed(dask_worker=None):
     from gdask.devices import context
 
     return context(dask_worker).device.spec.speed
-
-
-def plain_torch_loop(X, y, *, seed, hidden_size, epochs, batch_size, lr):
-    """What a user writes today: one process, torch's own init from the seed, the documented order."""
-    n, T, f = X.shape
-    dtype = torch.float64 if X.dtype == np.float64 else torch.float32
-    torch.manual_seed(seed)
-    lstm, head = torch.nn.LSTM(f, hidden_size), torch.nn.Linear(hidden_size, 1)
-    lstm, head = lstm.to(dtype), head.to(dtype)
-    opt = torch.optim.Adam(list(lstm.parameters()) + list(head.parameters()), lr=lr)
-    xt, yt = torch.from_numpy(np.ascontiguousarray(X.transpose(1, 0, 2))), torch.from_numpy(y)
-    curve = []
-    for epoch in range(epochs):
-        order = np.random.default_rng([seed, epoch]).permutation(n)
-        total = 0.0
-        for j in range(0, n, batch_size):
-            idx = torch.from_numpy(order[j:j + batch_size])
-            _, (h, _) = lstm(xt.index_select(1, idx))
-            loss = torch.nn.functional.mse_loss(head(h[-1])[:, 0], yt[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            total += loss.item() * len(idx)
-        curve.append(total / n)
-    return curve
 
 
 def test_learns_noisy_sine_on_the_devices(client):
