@@ -4,6 +4,7 @@ scikit-learn API, and the pieces of the data-parallel trainer that need no clust
 import subprocess
 import sys
 
+import dask
 import numpy as np
 import pytest
 
@@ -207,3 +208,18 @@ def test_epoch_plans_cover_every_training_row_once():
                           LSTMClassifier(hidden_size=4, epochs=3, batch_size=32, random_state=0)])
 def test_sklearn_compatible_estimator(estimator, check):
     check(estimator)
+
+
+def test_training_malloc_only_where_the_nanny_fixed_the_trim_threshold(monkeypatch):
+    from gdask.ml._lstm_torch import training_malloc
+
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    with training_malloc() as got:
+        assert got is None  # a plain process: malloc left alone
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")  # what distributed's nanny gives its workers
+    with training_malloc() as got:
+        import ctypes.util
+
+        assert got == (64 * 2**20 if ctypes.util.find_library("c") else None)
+    with dask.config.set({"gdask.ml.torch.mmap-threshold": None}), training_malloc() as got:
+        assert got is None
