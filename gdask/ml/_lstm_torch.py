@@ -24,20 +24,19 @@ epoch's ``ceil(n_train / batch_size)`` steps; that order depends on which worker
 from __future__ import annotations
 
 import contextlib
-import datetime
 import math
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from gdask import config
 from gdask.devices import current_device, to_numpy
-from gdask.gdataset import CollectiveError, IterativeAlgorithm, LoopContext, time_major
+from gdask.gdataset import IterativeAlgorithm, LoopContext, time_major
+from gdask.ml._lstm_parallel import GlobalPlan, ProcessGroup, StreamPlan, training_malloc
 
 __all__ = ["ModelSpec", "SequenceModel", "LSTMTrainer", "initial_state", "predict_block", "predict_host",
            "as_tensor", "VALIDATION_STREAM"]
@@ -131,133 +130,6 @@ def torch_device(dev: Any) -> torch.device:
     """The torch device of a gdask device: CUDA device 0 of the worker (its ``CUDA_VISIBLE_DEVICES``
     GPU) for the cuda backend, the CPU for emulated devices."""
     return torch.device("cuda", 0) if getattr(dev, "backend", "") == "cuda" else torch.device("cpu")
-
-
-# -- malloc on workers ----------------------------------------------------------------------------------
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
-_GLIBC_MMAP_THRESHOLD = 128 * 1024  # glibc's mmap threshold when the environment fixed the trim threshold
-
-
-@contextlib.contextmanager
-def training_malloc() -> Iterator[int | None]:
-    """While a fit trains on a glibc worker whose nanny set ``MALLOC_TRIM_THRESHOLD_`` (distributed's
-    default, so that freed memory goes back to the OS at once): raise malloc's trim and mmap thresholds
-    to config ``gdask.ml.torch.mmap-threshold``, then restore them and trim.
-
-    With the variable set, every tensor larger than 128 KiB (a batch's activations and gradients) is
-    mmapped and unmapped again and the heap's top is given back after each step, so every step faults
-    its pages in again: measured, CPU training steps 2-3x slower than in a plain process. Yields the
-    threshold set, or None when nothing was changed (not glibc, the variable unset, or config null)."""
-    import ctypes
-    import ctypes.util
-    import os
-
-    from gdask.devices import parse_size
-
-    value = config.get("ml.torch.mmap-threshold", "64MiB")
-    trim = os.environ.get("MALLOC_TRIM_THRESHOLD_")
-    name = ctypes.util.find_library("c") if value is not None and trim is not None else None
-    libc = ctypes.CDLL(name) if name else None
-    mallopt = getattr(libc, "mallopt", None)
-    if mallopt is None or "MALLOC_MMAP_THRESHOLD_" in os.environ or not trim.isdigit():
-        yield None
-        return
-    nbytes = int(parse_size(value, name="gdask.ml.torch.mmap-threshold"))
-    mallopt(_M_TRIM_THRESHOLD, nbytes)
-    mallopt(_M_MMAP_THRESHOLD, nbytes)
-    try:
-        yield nbytes
-    finally:
-        mallopt(_M_MMAP_THRESHOLD, _GLIBC_MMAP_THRESHOLD)
-        mallopt(_M_TRIM_THRESHOLD, int(trim))
-        libc.malloc_trim(0)
-
-
-# -- the process group of a fit -----------------------------------------------------------------------
-class ProcessGroup:
-    """The fit's ``torch.distributed`` process group across its workers (none for one rank).
-
-    Rank 0 opens a ``TCPStore`` on a free port of its host and all-gathers the address through the
-    loop's own exchange; every wait (rendezvous, all-reduce) is bounded by config
-    ``gdask.ml.torch.timeout``. The group is a ``ProcessGroupGloo`` / ``ProcessGroupNCCL`` object of
-    its own, not torch's default group, so several fits (or several ranks in one process) coexist.
-    """
-
-    def __init__(self, ctx: LoopContext, device: torch.device) -> None:
-        self.size = ctx.size
-        self.device = device
-        self.pg: Any = None
-        self.store: Any = None
-        backend = str(config.get("ml.torch.backend", "auto"))
-        if backend == "auto":
-            backend = "nccl" if device.type == "cuda" and _nccl_available() else "gloo"
-        if backend not in ("gloo", "nccl"):
-            raise ValueError(f"gdask.ml.torch.backend must be 'auto', 'gloo' or 'nccl', got {backend!r}")
-        self.backend = backend
-        self.timeout = float(config.get("ml.torch.timeout", 120))
-        if self.size == 1:
-            return
-        import torch.distributed as dist
-
-        td = datetime.timedelta(seconds=self.timeout)
-        host = ctx.host
-        try:
-            if ctx.rank == 0:
-                self.store = dist.TCPStore(host, 0, self.size, is_master=True, timeout=td, wait_for_workers=False)
-                addr = (host, int(self.store.port))
-            else:
-                addr = None
-            addr = ctx.allgather(addr)[0]
-            if ctx.rank != 0:
-                self.store = dist.TCPStore(addr[0], addr[1], self.size, is_master=False, timeout=td)
-            prefix = dist.PrefixStore("gdask-fit", self.store)
-            if backend == "nccl":
-                opts = dist.ProcessGroupNCCL.Options()
-                opts._timeout = td
-                self.pg = dist.ProcessGroupNCCL(prefix, ctx.rank, self.size, opts)
-            else:
-                self.pg = _gloo(dist, prefix, ctx.rank, self.size, td, host)
-        except CollectiveError:
-            raise
-        except RuntimeError as e:  # the rendezvous timed out or a peer went away
-            raise CollectiveError(f"could not set up the {backend} process group of rank {ctx.rank} of "
-                                  f"{self.size}: {e}") from e
-
-    def allreduce(self, t: torch.Tensor) -> torch.Tensor:
-        """Sum ``t`` over the ranks, in place (nothing to do for one rank)."""
-        if self.pg is None:
-            return t
-        buf = t.cpu() if self.backend == "gloo" and t.is_cuda else t
-        try:
-            self.pg.allreduce([buf]).wait()
-        except RuntimeError as e:  # a peer died or timed out: the loop restarts from its last epoch
-            raise CollectiveError(f"all-reduce over {self.size} workers failed: {e}") from e
-        if buf is not t:
-            t.copy_(buf)
-        return t
-
-    def close(self) -> None:
-        pg, self.pg, self.store = self.pg, None, None
-        shutdown = getattr(pg, "shutdown", None)
-        if shutdown is not None:
-            shutdown()
-
-
-def _nccl_available() -> bool:
-    import torch.distributed as dist
-
-    return bool(dist.is_available() and dist.is_nccl_available())
-
-
-def _gloo(dist: Any, store: Any, rank: int, size: int, timeout: datetime.timedelta, host: str) -> Any:
-    """A gloo group bound to ``host``'s interface (the worker's address: reachable by its peers)."""
-    options = getattr(dist.ProcessGroupGloo, "_Options", None)
-    if options is None:  # an older torch: its default device (the machine's hostname)
-        return dist.ProcessGroupGloo(store, rank, size, timeout)
-    opts = options()
-    opts._timeout = timeout
-    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
-    return dist.ProcessGroupGloo(store, rank, size, opts)
 
 
 # -- the trainer ----------------------------------------------------------------------------------------
@@ -365,7 +237,7 @@ class LSTMTrainer(IterativeAlgorithm):
                 plan = self._stream_plan(epoch, local, offsets, train, dev)
                 ctx.hint([b for b in plan.order])
             else:
-                plan = _GlobalPlan(self.epoch_order(epoch, train), self.batch_size, offsets, local)
+                plan = GlobalPlan(self.epoch_order(epoch, train), self.batch_size, offsets, local)
             loss_total, mine = 0.0, 0
             with torch.random.fork_rng(devices=[0] if tdev.type == "cuda" else []):
                 # dropout masks: seeded per epoch and rank, so a resumed fit draws the same ones
@@ -388,7 +260,7 @@ class LSTMTrainer(IterativeAlgorithm):
 
     def _step(self, model, opt, params, parts, inv, local, cache, plan, group, dev, tdev, busy) -> float:
         """One optimizer step; ``parts`` = ``[(local position, block-local rows)]``: the rows of the
-        global batch this worker holds (``inv``: their order in the batch, see :class:`_GlobalPlan`).
+        global batch this worker holds (``inv``: their order in the batch, see :class:`GlobalPlan`).
         Returns the batch's summed loss (all ranks)."""
         t = time.perf_counter()
 
@@ -442,13 +314,17 @@ class LSTMTrainer(IterativeAlgorithm):
             blk = cache[pos] = _Block(as_tensor(time_major(xb)).to(tdev), as_tensor(yb).to(tdev), _nbytes(xb))
         return blk
 
-    def _stream_plan(self, epoch, local, offsets, train, dev) -> _StreamPlan:
-        """Windows of as many blocks as ``window_fraction`` of the device's memory holds (the rest is
-        room for the window cache to prefetch the next blocks)."""
-        block_bytes = max(self.row_blocks[b] for b, _ in local) * self.row_bytes if local else 1
-        budget = int(getattr(getattr(dev, "spec", None), "memory", 0) or 0)
-        window = max(1, int(self.window_fraction * budget // max(block_bytes, 1))) if budget else len(local)
-        return _StreamPlan(self, epoch, local, offsets, train, window)
+    def _stream_plan(self, epoch, local, offsets, train, dev) -> StreamPlan:
+        """Windows of as many blocks as ``window_fraction`` of what the window cache may hold (its
+        capacity: the device's memory less its reserve and other use): a step at the end of a window
+        also reads the next window's blocks, and the cache prefetches them meanwhile."""
+        from gdask.window_cache import worker_store
+
+        block_bytes = max(1, max(self.row_blocks[b] for b, _ in local) * self.row_bytes if local else 1)
+        store = worker_store()
+        room = store.capacity() if store is not None else int(getattr(getattr(dev, "spec", None), "memory", 0) or 0)
+        window = max(1, int(self.window_fraction * room // block_bytes)) if room else len(local)
+        return StreamPlan(self.seed, self.steps(len(train)), epoch, local, offsets, train, window)
 
     def _end_of_epoch(self, model, state, ctx, local, offsets, val, cache, group, dev, tdev, loss, h2d0):
         """The epoch's record (all ranks agree): loss, validation score, host->device bytes (those of
@@ -535,85 +411,6 @@ def _line(epoch: int, record: dict, task: str) -> str:
     if "validation_score" in record:
         line += f", validation {'accuracy' if task == 'classification' else 'R^2'} {record['validation_score']:.4f}"
     return line + f", host->device {record['h2d_bytes']} B"
-
-
-# -- the epoch plans ------------------------------------------------------------------------------------
-class _GlobalPlan:
-    """Data on the devices: global batches of the epoch's order. Each step yields this worker's part,
-    ``(parts, inv)``: ``parts`` = ``[(local position, block-local rows)]`` in block order, and ``inv``
-    the permutation that puts the rows gathered block by block back in the batch's order (None when
-    they are in it): one worker holding every block computes exactly a single process's batch."""
-
-    def __init__(self, order: np.ndarray, batch_size: int, offsets: np.ndarray, local: list) -> None:
-        self.order = order
-        self.batch_size = batch_size
-        self.offsets = offsets
-        self.blocks = np.asarray([b for b, _ in local], dtype=np.int64)
-        self.pos = {int(b): pos for pos, (b, _) in enumerate(local)}
-
-    def __iter__(self):
-        ends = self.offsets[1:]
-        for j in range(0, max(len(self.order), 1), self.batch_size):
-            batch = self.order[j:j + self.batch_size]
-            owner = np.searchsorted(ends, batch, side="right")
-            mine = np.isin(owner, self.blocks)
-            rows, own = batch[mine], owner[mine]
-            if not rows.size:
-                yield [], None
-                continue
-            by_block = np.argsort(own, kind="stable")
-            own, rows = own[by_block], rows[by_block]
-            cuts = [0, *(np.flatnonzero(np.diff(own)) + 1).tolist(), len(own)]
-            parts = [(self.pos[int(own[a])], rows[a:b] - self.offsets[own[a]]) for a, b in zip(cuts, cuts[1:])]
-            inv = None
-            if (by_block != np.arange(by_block.size)).any():
-                inv = np.empty_like(by_block)
-                inv[by_block] = np.arange(by_block.size)
-            yield parts, inv
-
-    def done(self, parts: list, cache: dict) -> None:
-        """Blocks on the devices stay cached for the whole fit."""
-
-
-class _StreamPlan:
-    """Data larger than the devices: this worker's blocks in windows that fit, read through the
-    window cache in an alternating scan; ``steps`` equal parts of its rows per epoch."""
-
-    def __init__(self, trainer: LSTMTrainer, epoch: int, local: list, offsets: np.ndarray, train: np.ndarray,
-                 window: int) -> None:
-        positions = list(range(len(local)))
-        if epoch % 2:
-            positions.reverse()
-        self.order = [local[p][0] for p in positions]
-        rng = np.random.default_rng([trainer.seed, int(epoch), 1 + local[0][0] if local else 0])
-        pieces = []
-        for w in range(0, len(positions), window):
-            rows = []
-            for p in positions[w:w + window]:
-                b = local[p][0]
-                r = train[(train >= offsets[b]) & (train < offsets[b + 1])] - offsets[b]
-                rows.append(np.stack([np.full(r.size, p), r], axis=1))
-            chunk = np.concatenate(rows) if rows else np.empty((0, 2), np.int64)
-            pieces.append(chunk[rng.permutation(len(chunk))])
-        mine = np.concatenate(pieces) if pieces else np.empty((0, 2), np.int64)
-        self.parts = np.array_split(mine, trainer.steps(len(train)))
-        self.left = {p: 0 for p in positions}
-        for p in mine[:, 0]:
-            self.left[int(p)] += 1
-
-    def __iter__(self):
-        for part in self.parts:
-            out = []
-            for p in np.unique(part[:, 0]):
-                out.append((int(p), part[part[:, 0] == p, 1]))
-            yield out, None
-
-    def done(self, parts: list, cache: dict) -> None:
-        """Drop a block once all its rows of the epoch were used: the window cache may evict it."""
-        for p, rows in parts:
-            self.left[p] -= rows.size
-            if self.left[p] <= 0:
-                cache.pop(p, None)
 
 
 # -- prediction -------------------------------------------------------------------------------------------

@@ -165,7 +165,8 @@ def test_blocks_reach_torch_without_a_copy():
 
 
 def test_epoch_plans_cover_every_training_row_once():
-    from gdask.ml._lstm_torch import LSTMTrainer, ModelSpec, _GlobalPlan, _StreamPlan
+    from gdask.ml._lstm_parallel import GlobalPlan, StreamPlan
+    from gdask.ml._lstm_torch import LSTMTrainer, ModelSpec
 
     row_blocks = (7, 5, 9, 4)
     offsets = np.cumsum((0,) + row_blocks)
@@ -177,20 +178,20 @@ def test_epoch_plans_cover_every_training_row_once():
     # two workers: blocks {0, 2} and {1, 3}; each step's parts of the two workers make the global batch
     ranks = [[(0, {}), (2, {})], [(1, {}), (3, {})]]
     order = tr.epoch_order(0, train)
-    plans = [list(_GlobalPlan(order, 6, offsets, loc)) for loc in ranks]
+    plans = [list(GlobalPlan(order, 6, offsets, loc)) for loc in ranks]
     assert len(plans[0]) == len(plans[1]) == tr.steps(len(train))
     for j, (p0, p1) in enumerate(zip(*plans)):
         got = [offsets[ranks[r][pos][0]] + rows for r, (parts, _) in enumerate((p0, p1)) for pos, rows in parts]
         assert sorted(np.concatenate(got).tolist()) == sorted(order[6 * j:6 * j + 6].tolist())
     # one worker with every block: its rows, put back in order by ``inv``, are the batch itself
     one = [(b, {}) for b in range(4)]
-    for j, (parts, inv) in enumerate(_GlobalPlan(order, 6, offsets, one)):
+    for j, (parts, inv) in enumerate(GlobalPlan(order, 6, offsets, one)):
         cat = np.concatenate([offsets[one[pos][0]] + rows for pos, rows in parts])
         np.testing.assert_array_equal(cat if inv is None else cat[inv], order[6 * j:6 * j + 6])
     # the streaming plan: every training row of the worker once per epoch, the same number of steps
     for epoch in (0, 1):
         for loc in ranks:
-            sp = _StreamPlan(tr, epoch, loc, offsets, train, window=1)
+            sp = StreamPlan(tr.seed, tr.steps(len(train)), epoch, loc, offsets, train, window=1)
             parts = list(sp)
             assert len(parts) == tr.steps(len(train))
             rows = sorted(int(offsets[loc[pos][0]] + r) for step, _ in parts for pos, rr in step for r in rr)
@@ -211,7 +212,7 @@ def test_sklearn_compatible_estimator(estimator, check):
 
 
 def test_training_malloc_only_where_the_nanny_fixed_the_trim_threshold(monkeypatch):
-    from gdask.ml._lstm_torch import training_malloc
+    from gdask.ml._lstm_parallel import training_malloc
 
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
     with training_malloc() as got:
