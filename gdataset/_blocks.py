@@ -69,6 +69,10 @@ def coalesce(x: Any, xp=None) -> Any:
 
 def to_device(chunk: Any) -> Any:
     """Copy one host (or other-device) chunk into this process's device, coalesced."""
+    if np.ndim(chunk) == 3:  # sequences: time-major
+        from gdask.gdataset._seq import to_device as to_device_seq
+
+        return to_device_seq(chunk)
     dev = current_device()
     return dev.asarray(chunk, order="F" if getattr(chunk, "ndim", np.ndim(chunk)) == 2 else "C")
 
@@ -80,6 +84,11 @@ def block_op(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     out = dev.run(func, *args, **kwargs)
     if getattr(out, "ndim", 0) == 2 and hasattr(out, "flags") and not out.flags.f_contiguous:
         out = dev.adopt(coalesce(out, dev.xp))
+    elif getattr(out, "ndim", 0) == 3:  # sequences: time-major
+        from gdask.gdataset._seq import is_time_major, to_time_major
+
+        if not is_time_major(out):
+            out = dev.adopt(to_time_major(out, dev.xp))
     return out
 
 

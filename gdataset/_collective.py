@@ -253,7 +253,8 @@ def run_on_workers(client: Any, func: Callable[..., Any], peers: Sequence[str], 
             failed = [f for f in futures if f.status in ("error", "cancelled", "lost")]
             if failed:
                 exc = failed[0].exception() if failed[0].status == "error" else failed[0].status
-                raise CollectiveError(f"{name} on the workers failed: {exc!r}")
+                raise CollectiveError(f"{name} on the workers failed: {exc!r}") from (
+                    exc if isinstance(exc, BaseException) else None)
             if all(f.status == "finished" for f in futures):
                 return client.gather(futures)
             if time.monotonic() >= next_check:

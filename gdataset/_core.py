@@ -145,6 +145,17 @@ def _as_task(node: Any) -> Any:
     return convert_legacy_task(None, node, ())
 
 
+def _ncols(ncols: Any) -> int | tuple[int, ...] | None:
+    """``ncols`` as stored: None (1-D), an int (2-D), or the tuple ``shape[1:]`` of data with more
+    trailing dimensions (3-D sequences ``(n, T, f)``: ``(T, f)``)."""
+    if ncols is None:
+        return None
+    if isinstance(ncols, (tuple, list)):
+        dims = tuple(int(c) for c in ncols)
+        return None if not dims else dims[0] if len(dims) == 1 else dims
+    return int(ncols)
+
+
 def _short(t: tuple[int, ...]) -> str:
     return str(t) if len(t) <= 6 else f"({', '.join(map(str, t[:3]))}, ..., {t[-1]}) ({len(t)} blocks)"
 
@@ -153,7 +164,10 @@ class GDataSet(DaskMethodsMixin):
     """A dataset split into row blocks that live in device memory (GPU or emulated).
 
     Blocks are NumPy or CuPy arrays in a coalesced, feature-major layout (2-D blocks are
-    Fortran-ordered, so ``block.T`` is a C-contiguous ``(features, rows)`` array). A GDataSet is a
+    Fortran-ordered, so ``block.T`` is a C-contiguous ``(features, rows)`` array). 3-D data, ``n``
+    sequences of shape ``(T, f)``, is blocked along ``n`` and stored time-major: a block is a
+    ``(rows, T, f)`` view of ``(T, rows, f)`` C-contiguous memory, the layout recurrent kernels
+    (cuDNN's LSTM) read (see :mod:`gdask.gdataset._seq`); ``ncols`` is then ``(T, f)``. A GDataSet is a
     Dask collection: ``dask.compute``, ``dask.persist``, ``client.compute`` and ``.compute()`` work.
     Keys are derived from content and operation, so rebuilding the same computation gives the same
     keys.
@@ -171,7 +185,7 @@ class GDataSet(DaskMethodsMixin):
         self.dask = dsk
         self.name = name
         self.row_blocks = tuple(int(r) for r in row_blocks)
-        self.ncols = None if ncols is None else int(ncols)
+        self.ncols = _ncols(ncols)
         self.dtype = np.dtype(dtype)
         self.backend = backend
         self.columns = None if columns is None else list(columns)
@@ -252,7 +266,7 @@ class GDataSet(DaskMethodsMixin):
             if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not -self.nblocks <= i < self.nblocks:
                 raise IndexError(f"block index {i!r} out of range for a GDataSet with {self.nblocks} blocks")
             i = int(i) % self.nblocks
-            want = (self.row_blocks[i],) if self.ncols is None else (self.row_blocks[i], self.ncols)
+            want = (self.row_blocks[i], *self.shape[1:])
             if tuple(getattr(b, "shape", ())) != want:
                 raise ValueError(f"new block {i} must have shape {want} like the block it replaces, got "
                                  f"{getattr(b, 'shape', None)}")
@@ -287,12 +301,14 @@ class GDataSet(DaskMethodsMixin):
 
     @property
     def ndim(self) -> int:
-        return 1 if self.ncols is None else 2
+        return len(self.shape)
 
     @property
     def shape(self) -> tuple[int, ...]:
         n = sum(self.row_blocks)
-        return (n,) if self.ncols is None else (n, self.ncols)
+        if self.ncols is None:
+            return (n,)
+        return (n, *self.ncols) if isinstance(self.ncols, tuple) else (n, self.ncols)
 
     @property
     def size(self) -> int:
@@ -446,12 +462,20 @@ class GDataSet(DaskMethodsMixin):
                          name="astype")
 
     def __getitem__(self, index: Any) -> GDataSet:
+        """``X[:, ...]`` indexes within rows (``X[:, j]``, ``X[:, -1, :]``); ``X[rows]`` /
+        ``X[rows, ...]`` selects rows (ascending integer array, boolean mask or slice): each selected
+        row stays in its block, so no block moves between devices, and blocks left empty are dropped
+        (mini-batches, train/validation splits)."""
         if not isinstance(index, tuple):
             index = (index,)
-        if not index or not (isinstance(index[0], slice) and index[0] == slice(None)):
+        if index and not (isinstance(index[0], slice) and index[0] == slice(None)):
+            from gdask.gdataset._seq import select_rows
+
+            out = select_rows(self, index[0])
+            return out if len(index) == 1 else out[(slice(None), *index[1:])]
+        if not index:
             raise NotImplementedError(
-                "GDataSet indexing keeps all rows: use X[:, None], X[:, j] or X[:, cols]; select rows "
-                "with block operations (map_blocks) instead"
+                "GDataSet indexing keeps all rows: use X[:, None], X[:, j] or X[:, cols], or X[rows] to select rows"
             )
         return _elemwise(_blocks.getitem, self, index, name="getitem")
 
@@ -473,6 +497,8 @@ class GDataSet(DaskMethodsMixin):
 
     # -- reductions ------------------------------------------------------------------------------
     def _check_axis(self, axis: Any, allowed: tuple) -> None:
+        if self.ndim == 3 and allowed == (None, 0):  # sequences: also over rows and time steps
+            allowed = (None, 0, (0, 1))
         if axis not in allowed:
             raise ValueError(f"axis must be one of {allowed} for this reduction, got {axis!r}")
 
@@ -539,6 +565,8 @@ class _Transposed:
 
     def __matmul__(self, other: Any) -> da.Array:
         x = self.x
+        if x.ndim > 2 or getattr(other, "ndim", 0) > 2:
+            raise ValueError("X.T @ Y needs 1-D or 2-D GDataSets; reshape sequences with map_blocks first")
         if not isinstance(other, GDataSet):
             raise TypeError("X.T @ Y needs Y to be a GDataSet with the same row blocking as X")
         ncols = x.ncols
@@ -621,6 +649,10 @@ def _r_max_combine(parts):
 
 def _r_moment_chunk(b, axis):
     """(count, mean, M2) of one block, in float64 (Chan et al. parallel variance)."""
+    if isinstance(axis, tuple):  # sequences over (rows, time steps)
+        from gdask.gdataset._seq import moments
+
+        return moments(b, axis)
     return _blocks.moments(b, axis)
 
 
@@ -680,9 +712,9 @@ def _elemwise(func: Callable, *args: Any, dtype: Any = None, ncols: Any = "infer
                 "pass dtype= and ncols= (None for 1-D output)"
             ) from e
         if ncols == "infer":
-            if meta.ndim not in (1, 2):
-                raise ValueError(f"{_fname(func)} must return 1-D or 2-D blocks, got {meta.ndim}-D")
-            ncols = None if meta.ndim == 1 else meta.shape[1]
+            if meta.ndim not in (1, 2, 3):
+                raise ValueError(f"{_fname(func)} must return 1-D, 2-D or 3-D blocks, got {meta.ndim}-D")
+            ncols = _ncols(meta.shape[1:])
         if dtype is None:
             dtype = meta.dtype
     prefix = name or _fname(func)
@@ -757,7 +789,8 @@ def _reduction(x: GDataSet, chunk, combine, finalize, axis, dtype, name, *, fina
         args: tuple = ()
     else:
         args = (axis,)
-        shape = () if axis is None or x.ndim == 1 else (x.ncols,)
+        # over rows: the trailing shape; over (rows, time steps) of sequences: the features
+        shape = () if axis is None else x.shape[1 + (len(axis) - 1 if isinstance(axis, tuple) else 0):]
     if finalize is None:
         finalize, finalize_args = _plain_finalize, (dtype,)
     else:

@@ -76,12 +76,14 @@ def _job_salt() -> tuple:
 
 
 def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None) -> GDataSet:
-    """Split a NumPy or CuPy array (1-D or 2-D, rows = samples) into device blocks.
+    """Split a NumPy or CuPy array (1-D, 2-D, or 3-D sequences ``(n, T, f)``; rows = samples) into
+    device blocks.
 
     Parameters
     ----------
     x : array-like
-        NumPy array, CuPy array, or anything ``np.asarray`` accepts.
+        NumPy array, CuPy array, or anything ``np.asarray`` accepts. 3-D data is blocked along
+        ``n`` and stored time-major inside a block (see :class:`GDataSet`).
     block_rows : int or sequence of int, optional
         Rows per block. Default: about ``gdask.gdataset.block-bytes`` (64 MiB) per block and at
         least 8 blocks for large data. A sequence gives every block's rows, e.g. ``Y.row_blocks``
@@ -97,7 +99,7 @@ def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None
     Raises
     ------
     ValueError
-        Empty data, ``ndim`` not 1 or 2, or ``block_rows <= 0``.
+        Empty data, ``ndim`` not 1, 2 or 3, or ``block_rows <= 0``.
     TypeError
         Non-numeric dtype.
 
@@ -112,14 +114,15 @@ def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None
         if hasattr(x, "dtypes") and hasattr(x, "columns"):
             return from_dataframe(x, block_rows=block_rows)
         x = np.asarray(x)
-    if x.ndim not in (1, 2):
-        raise ValueError(f"from_array needs a 1-D or 2-D array (rows = samples), got {x.ndim}-D of shape {x.shape}")
+    if x.ndim not in (1, 2, 3):
+        raise ValueError(f"from_array needs a 1-D, 2-D or 3-D array (rows = samples; 3-D: (n, T, f) sequences), "
+                         f"got {x.ndim}-D of shape {x.shape}")
     _check_dtype(np.dtype(x.dtype))
     n = x.shape[0]
-    if n == 0 or (x.ndim == 2 and x.shape[1] == 0):
+    if n == 0 or 0 in x.shape[1:]:
         raise ValueError(f"cannot make a GDataSet from empty data of shape {x.shape}")
     if block_rows is None:
-        row_bytes = x.dtype.itemsize * (x.shape[1] if x.ndim == 2 else 1)
+        row_bytes = x.dtype.itemsize * math.prod(x.shape[1:])
         block_rows = default_block_rows(n, row_bytes)
     if isinstance(block_rows, (tuple, list)):  # an exact blocking, e.g. another GDataSet's row_blocks
         rows = tuple(_check_block_rows(r) for r in block_rows)
@@ -134,7 +137,7 @@ def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None
         layer[(name, i)] = Task((name, i), _blocks.to_device, x[start:start + r])
         start += r
     graph = HighLevelGraph.from_collections(name, device_layer(layer, "to_device"), dependencies=())
-    return GDataSet(graph, name, rows, x.shape[1] if x.ndim == 2 else None, x.dtype, _device_backend(mod))
+    return GDataSet(graph, name, rows, x.shape[1:] or None, x.dtype, _device_backend(mod))
 
 
 def _short_rows(rows) -> str:
@@ -147,7 +150,7 @@ def from_dask_array(a: Any, block_rows: int | None = None) -> GDataSet:
     Parameters
     ----------
     a : dask.array.Array
-        1-D or 2-D, NumPy or CuPy chunks.
+        1-D, 2-D or 3-D (sequences ``(n, T, f)``), NumPy or CuPy chunks.
     block_rows : int, optional
         Rechunk rows to this size first; default keeps ``a``'s row chunks.
     """
@@ -155,16 +158,14 @@ def from_dask_array(a: Any, block_rows: int | None = None) -> GDataSet:
 
     if not isinstance(a, da.Array):
         raise TypeError(f"from_dask_array needs a dask.array.Array, got {type(a).__name__}")
-    if a.ndim not in (1, 2):
-        raise ValueError(f"from_dask_array needs a 1-D or 2-D array, got {a.ndim}-D")
+    if a.ndim not in (1, 2, 3):
+        raise ValueError(f"from_dask_array needs a 1-D, 2-D or 3-D array, got {a.ndim}-D")
     if any(math.isnan(s) for s in a.shape):
         raise ValueError("from_dask_array needs known chunk sizes; call a.compute_chunk_sizes() first")
     _check_dtype(np.dtype(a.dtype))
-    if a.shape[0] == 0 or (a.ndim == 2 and a.shape[1] == 0):
+    if a.shape[0] == 0 or 0 in a.shape[1:]:
         raise ValueError(f"cannot make a GDataSet from empty data of shape {a.shape}")
-    rechunk: dict[int, Any] = {}
-    if a.ndim == 2 and a.numblocks[1] != 1:
-        rechunk[1] = -1
+    rechunk: dict[int, Any] = {ax: -1 for ax in range(1, a.ndim) if a.numblocks[ax] != 1}
     if block_rows is not None:
         rechunk[0] = _check_block_rows(block_rows)
     if rechunk:
@@ -176,11 +177,11 @@ def from_dask_array(a: Any, block_rows: int | None = None) -> GDataSet:
     name = f"from-dask-array-{tokenize(a, *_job_salt())}"
     layer = {}
     for i in range(len(rows)):
-        src = (a.name, i, 0) if a.ndim == 2 else (a.name, i)
+        src = (a.name, i) + (0,) * (a.ndim - 1)
         layer[(name, i)] = Task((name, i), _blocks.to_device, TaskRef(src))
     graph = HighLevelGraph.from_collections(name, device_layer(layer, "to_device"), dependencies=[a])
     backend = _device_backend(_array_module_name(a._meta))
-    return GDataSet(graph, name, rows, a.shape[1] if a.ndim == 2 else None, a.dtype, backend)
+    return GDataSet(graph, name, rows, a.shape[1:] or None, a.dtype, backend)
 
 
 def _kind(t: Any) -> str:

@@ -16,6 +16,16 @@ driver runs and owns everything else:
 * ``"stream"``: data larger than the devices' memory: one task per block, alternating scan order
   and the window cache told the order, so the blocks left on the device are the next needed.
 
+An algorithm that can only run on the workers (``modes = ("workers",)``, e.g. data-parallel training
+that keeps a model replica per worker) also runs there when its data is larger than the devices: its
+blocks are then read from each worker's store when the driver asks for them (``ctx.streaming``;
+``ctx.hint(blocks)`` tells the window cache the order of the next reads), not held by its task.
+Without a Client, such an algorithm runs in this process as the only rank over all blocks (mode
+``"local"``, the same driver code). If its loop fails because a worker or a peer was lost, the
+engine runs it on the workers again from the last checkpoint, after the lost blocks came back from
+lineage, at most config ``gdask.engine.max-restarts`` times; an exception raised by the driver
+itself ends the fit at once.
+
 Per-block results are always combined in block order, never in the order of placement, so a
 seeded fit gives the same bits however the blocks are placed, moved or recomputed. After every
 finished iteration the driver calls ``ctx.checkpoint(state, **record)``: the record feeds progress
@@ -34,6 +44,7 @@ import pickle
 import queue
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -115,11 +126,13 @@ class EngineResult:
     finals : list or None
         The final pass's per-block results, in block order.
     mode : str
-        Where the driver ran last (``"workers"``, ``"client"``, ``"stream"``).
+        Where the driver ran last (``"workers"``, ``"client"``, ``"stream"``, or ``"local"``: a
+        workers-only driver run in this process without a Client).
     history : list of dict
         The checkpoint records, one per iteration.
     restarts : int
-        Times the loop on the workers failed and the fit resumed from its last checkpoint.
+        Times the loop failed and the fit resumed from its last checkpoint (from the client, or on
+        the workers again for a workers-only algorithm).
     iterations : int
         Iterations done (``ctx.iteration`` at the end).
     """
@@ -150,6 +163,8 @@ class LoopContext:
     """
 
     mode = "client"
+    #: the blocks of :meth:`local` are read from the worker's store on use (data larger than the devices)
+    streaming = False
 
     def __init__(self, names: Sequence[str], nblocks: int, token: str, iteration: int) -> None:
         self.data = {n: Blocks(n) for n in names}
@@ -174,6 +189,14 @@ class LoopContext:
     def allgather(self, value: Any) -> list:
         """Every driver's ``value``, in rank order (``[value]`` from the client)."""
         return [value]
+
+    def hint(self, blocks: Sequence[int]) -> None:
+        """The driver's next reads of its own blocks follow ``blocks`` (block indices, in order): the
+        window cache prefetches them in that order. Only does something when :attr:`streaming`."""
+
+    def observe(self, kind: str, nbytes: int, seconds: float) -> None:
+        """Device work the driver did itself (not through :meth:`map`) on ``nbytes`` of its blocks, for
+        the placement plugin's speed model (reported when the loop on the workers ends)."""
 
     def checkpoint(self, state: Any, **record: Any) -> None:
         """End of an iteration: ``state`` is where the fit resumes after a failure; ``record``
@@ -274,10 +297,11 @@ class _WorkersContext(LoopContext):
     mode = "workers"
 
     def __init__(self, comm: Any, owned: list, names: Sequence[str], nblocks: int, token: str, iteration: int,
-                 topic: str | None) -> None:
+                 topic: str | None, streaming: bool = False) -> None:
         super().__init__(names, nblocks, token, iteration)
         self.comm = comm
         self.owned = owned
+        self.streaming = streaming
         self.rank = comm.rank
         self.size = comm.size
         self.topic = topic
@@ -285,8 +309,31 @@ class _WorkersContext(LoopContext):
         self._t0 = time.perf_counter()
 
     def local(self) -> list[tuple[int, dict[str, Any]]]:
-        """This worker's blocks: ``[(block index, {dataset name: block array})]``, in block order."""
+        """This worker's blocks: ``[(block index, {dataset name: block array})]``, in block order.
+        When :attr:`streaming`, each mapping reads its block from the worker's store on every access
+        (through the window cache): keep a block only while it is used."""
         return self.owned
+
+    @property
+    def address(self) -> str:
+        """This rank's worker address."""
+        return self.comm.worker.address
+
+    @property
+    def host(self) -> str:
+        """The host (name or IP) of this rank's worker, as its peers reach it (for side channels
+        such as a ``torch.distributed`` rendezvous)."""
+        from distributed.comm import get_address_host
+
+        return get_address_host(self.address)
+
+    def hint(self, blocks):
+        if not self.streaming:
+            return
+        store = getattr(self.comm.worker, "data", None)
+        if hasattr(store, "hint"):
+            keys = {b: arrays for b, arrays in self.owned}
+            store.hint([k for b in blocks if b in keys for k in keys[b].keys_in_order()])
 
     def _call(self, func, args, kwargs, blocks: dict[str, Any]) -> Any:
         # host operands reach the device through it, as in the tasks of the client loop
@@ -312,6 +359,9 @@ class _WorkersContext(LoopContext):
 
     def allgather(self, value):
         return self.comm.allgather(value)
+
+    def observe(self, kind, nbytes, seconds):
+        self.observed.append((str(kind), int(nbytes), float(seconds)))
 
     def checkpoint(self, state, **record):
         now = time.perf_counter()
@@ -343,11 +393,51 @@ def _last_checkpoint(token: str, dask_worker: Any = None) -> bytes | None:
     return None if space is None else space.get(_CHECKPOINT)
 
 
+@dataclass(frozen=True)
+class _StoreKey:
+    """A block left in the worker's store (read on use), in the arguments of a lazy loop task."""
+
+    key: Any
+
+
+class _StoreBlocks(Mapping):
+    """``{dataset name: block}`` of one block index: blocks of this worker stay in its store and each
+    access reads the store (the window cache moves the block onto the device if it is not there);
+    blocks of other workers came with the task."""
+
+    def __init__(self, worker: Any, handles: dict[str, Any]) -> None:
+        self.worker = worker
+        self.handles = handles
+
+    def __getitem__(self, name: str) -> Any:
+        h = self.handles[name]
+        if not isinstance(h, _StoreKey):
+            return h
+        try:
+            return self.worker.data[h.key]
+        except KeyError:
+            raise CollectiveError(f"block {h.key!r} is no longer on worker {self.worker.address} (moved or lost); "
+                                  "the loop restarts where the blocks are now") from None
+
+    def __iter__(self):
+        return iter(self.handles)
+
+    def __len__(self) -> int:
+        return len(self.handles)
+
+    def keys_in_order(self) -> list:
+        return [h.key for h in self.handles.values() if isinstance(h, _StoreKey)]
+
+
 def _driver_on_worker(comm: Any, algorithm: IterativeAlgorithm, mine: list, names: list[str], nblocks: int,
-                      token: str, iteration: int, state: Any, topic: str | None) -> dict:
-    """One worker's task of the loop on the workers (``mine`` = ``[(block, [arrays by name])]``)."""
-    owned = [(b, dict(zip(names, arrays))) for b, arrays in mine]
-    ctx = _WorkersContext(comm, owned, names, nblocks, token, iteration, topic)
+                      token: str, iteration: int, state: Any, topic: str | None, lazy: bool = False) -> dict:
+    """One worker's task of the loop on the workers (``mine`` = ``[(block, [arrays by name])]``, or
+    ``[(block, [keys by name])]`` when ``lazy``: blocks read from the worker's store on use)."""
+    if lazy:
+        owned = [(b, _StoreBlocks(comm.worker, dict(zip(names, handles)))) for b, handles in mine]
+    else:
+        owned = [(b, dict(zip(names, arrays))) for b, arrays in mine]
+    ctx = _WorkersContext(comm, owned, names, nblocks, token, iteration, topic, streaming=lazy)
     state = algorithm.run(state, ctx)
     finals = None
     spec = algorithm.final(state)
@@ -356,6 +446,65 @@ def _driver_on_worker(comm: Any, algorithm: IterativeAlgorithm, mine: list, name
         dev = _blocks.current_device()
         finals = {b: _blocks.to_host(dev.compute(ctx._call, func, args, kwargs, arrays)) for b, arrays in owned}
     return {"state": state, "finals": finals, "observed": ctx.observed, "iteration": ctx.iteration}
+
+
+# -- in this process, without a Client -----------------------------------------------------------------
+class _SelfComm:
+    """The communicator of the only rank: nothing to exchange."""
+
+    rank = 0
+    size = 1
+    worker = None
+
+    def allgather(self, value: Any, timeout: float | None = None) -> list:
+        return [value]
+
+
+class _LocalContext(_WorkersContext):
+    """A workers-mode driver run here, without a Client: the only rank, holding every block."""
+
+    mode = "local"
+
+    def __init__(self, owned: list, names: Sequence[str], nblocks: int, token: str, iteration: int,
+                 progress: Callable[[Any, dict], None]) -> None:
+        super().__init__(_SelfComm(), owned, names, nblocks, token, iteration, None)
+        self._progress = progress
+
+    address = "local"
+    host = "127.0.0.1"
+
+    def checkpoint(self, state, **record):
+        now = time.perf_counter()
+        rec = self._record(record, now - self._t0)
+        self._t0 = now
+        self._progress(state, rec)
+
+
+def _run_here(algorithm: IterativeAlgorithm, datasets: dict, token: str, last: dict,
+              record: Callable[[Any, dict], None]) -> EngineResult:
+    """A workers-only algorithm without a Client: its blocks computed onto this process's device
+    (Dask's local scheduler), its driver run here as rank 0 of 1."""
+    names = list(datasets)
+    nblocks = next(g for g in datasets.values() if g is not None).nblocks
+    per_block = dask.compute(*[[None if datasets[n] is None else datasets[n].block(b) for n in names]
+                               for b in range(nblocks)])
+    owned = [(b, dict(zip(names, arrays))) for b, arrays in enumerate(per_block)]
+    ctx = _LocalContext(owned, names, nblocks, token, last["iteration"], record)
+    state = algorithm.run(last["state"], ctx)
+    finals = None
+    spec = algorithm.final(state)
+    if spec is not None:
+        func, args, kwargs = spec
+        dev = _blocks.current_device()
+        finals = [_blocks.to_host(dev.compute(ctx._call, func, args, kwargs, arrays)) for _, arrays in owned]
+    return EngineResult(state, finals, "local", [], 0, ctx.iteration)
+
+
+def _retryable(e: CollectiveError) -> bool:
+    """Whether a failed loop on the workers lost a worker or a peer (worth running again where the
+    blocks are now), rather than stopped on an exception of the driver itself."""
+    cause = e.__cause__
+    return cause is None or isinstance(cause, (CollectiveError, *_LOST_WORK))
 
 
 # -- the engine ---------------------------------------------------------------------------------------
@@ -446,30 +595,63 @@ def run_loop(algorithm: IterativeAlgorithm, data: dict[str, GDataSet | None], st
 
     streaming = False
     groups = where = None
+    workers_only = tuple(algorithm.modes) == ("workers",)
     if client is not None and ref is not None:
         datasets = _persisted(datasets)
+        ref = next(g for g in datasets.values() if g is not None)  # the persisted blocks (for their places)
         streaming = exceeds_devices(sum(g.nbytes for g in datasets.values() if g is not None), client)
-        if not streaming:
+        if not streaming or workers_only:  # a workers-only driver reads larger data through the window
             from gdask.gdataset._repr import block_workers, groups_of
 
-            where = block_workers(next(g for g in datasets.values() if g is not None), client, wait_ready=True)
+            where = block_workers(ref, client, wait_ready=True)
             groups = groups_of(where, ref.nblocks)
     if mode is None:
-        allowed = {"workers": client is not None and not streaming and groups is not None
-                   and bool(config.get("ml.worker-loop", True)),
+        allowed = {"workers": client is not None and (not streaming or workers_only) and groups is not None
+                   and (workers_only or bool(config.get("ml.worker-loop", True))),
                    "stream": streaming, "client": not streaming or "stream" not in algorithm.modes}
         mode = next((m for m in MODES if m in algorithm.modes and allowed[m]), None)
         if mode is None:
             mode = "client" if "client" in algorithm.modes else algorithm.modes[0]
     restarts = 0
+    max_restarts = int(config.get("engine.max-restarts", 3))
     try:
-        if mode == "workers":
+        if mode == "workers" and client is None:
+            if ref is None:
+                raise ValueError(f"{algorithm.name} runs on the workers and needs a GDataSet in data")
+            res = _run_here(algorithm, datasets, token, last, record)
+            res.history = history
+            return res
+        if mode == "workers" and groups is None:
+            raise ValueError(f"{algorithm.name} runs on the workers and needs its blocks in cluster memory; they "
+                             "are not (persist them with the same Client)")
+        while mode == "workers":
             try:
-                res = _run_on_workers(algorithm, datasets, groups, where[0], client, token, last, record)
-                return EngineResult(res["state"], res["finals"], "workers", history, 0, res["iteration"])
+                res = _run_on_workers(algorithm, datasets, groups, where[0], client, token, last, record,
+                                      lazy=streaming)
+                return EngineResult(res["state"], res["finals"], "workers", history, restarts, res["iteration"])
             except CollectiveError as e:
                 if "client" not in algorithm.modes:
-                    raise
+                    if not _retryable(e):  # the driver's own error: running it again would repeat it
+                        raise e.__cause__ from None
+                    if restarts >= max_restarts:
+                        raise CollectiveError(
+                            f"{algorithm.name}: the loop on the workers failed {restarts + 1} times, the last time "
+                            f"with: {e}. The last finished iteration is {last['iteration']}; check the workers' "
+                            "logs, or raise gdask.engine.max-restarts") from e
+                    restarts += 1
+                    logger.warning("%s: the loop on the workers did not run to its end (%s); running it on the "
+                                   "workers again from iteration %d (restart %d of %d)", algorithm.name, e,
+                                   last["iteration"], restarts, max_restarts)
+                    from gdask.gdataset._repr import block_workers, groups_of
+
+                    # the lost blocks come back from lineage: wait for them, then start where they are
+                    where = block_workers(next(g for g in datasets.values() if g is not None), client,
+                                          wait_ready=True)
+                    groups = groups_of(where, ref.nblocks)
+                    if groups is None:
+                        raise CollectiveError(f"{algorithm.name}: after a failed loop on the workers its blocks are "
+                                              "not all in cluster memory any more") from e
+                    continue
                 restarts = 1
                 logger.warning("%s: the loop on the workers did not run to its end (%s); resuming from the "
                                "client at iteration %d", algorithm.name, e, last["iteration"])
@@ -479,7 +661,6 @@ def run_loop(algorithm: IterativeAlgorithm, data: dict[str, GDataSet | None], st
                 where = block_workers(ref, client, wait_ready=True) if client is not None else None
                 groups = groups_of(where, ref.nblocks)
                 mode = "client"
-        max_restarts = int(config.get("engine.max-restarts", 3))
         while True:
             ctx = _ClientContext(datasets, groups, token, last["iteration"], record, stream=(mode == "stream"))
             try:
@@ -507,16 +688,28 @@ def run_loop(algorithm: IterativeAlgorithm, data: dict[str, GDataSet | None], st
 
 def _run_on_workers(algorithm: IterativeAlgorithm, datasets: dict, groups: list[list[int]],
                     workers: dict[int, str], client: Any, token: str, last: dict,
-                    record: Callable[[Any, dict], None]) -> dict:
+                    record: Callable[[Any, dict], None], lazy: bool = False) -> dict:
     """The loop on the workers: one task per worker holding blocks; checkpoints come back as events
-    and are handed to ``record`` in this thread. Raises CollectiveError when it could not finish."""
+    and are handed to ``record`` in this thread. Raises CollectiveError when it could not finish.
+    ``lazy``: the tasks get the blocks' keys and read them from their worker's store on use."""
     names = list(datasets)
     nblocks = next(g.nblocks for g in datasets.values() if g is not None)
     peers = sorted({workers[g[0]] for g in groups})
     mine: dict[str, list] = {a: [] for a in peers}
+    held: dict[str, dict[int, str]] = {}
+    if lazy:  # where each dataset's blocks are: those on the rank's own worker stay in its store
+        from gdask.gdataset._repr import block_workers
+
+        for n in names:
+            w = None if datasets[n] is None else block_workers(datasets[n], client, wait_ready=True)
+            held[n] = w[0] if w is not None else {}
     for g in groups:
         for b in g:
-            mine[workers[g[0]]].append((b, [None if datasets[n] is None else datasets[n].block(b) for n in names]))
+            addr = workers[g[0]]
+            handles = [None if datasets[n] is None
+                       else _StoreKey((datasets[n].name, b)) if lazy and held[n].get(b) == addr
+                       else datasets[n].block(b) for n in names]
+            mine[addr].append((b, handles))
     for a in peers:
         mine[a].sort(key=lambda p: p[0])
     topic = f"gdask-loop-{token}"
@@ -538,7 +731,7 @@ def _run_on_workers(algorithm: IterativeAlgorithm, datasets: dict, groups: list[
         try:
             results = run_on_workers(client, _driver_on_worker, peers,
                                      [(algorithm, mine[a], names, nblocks, token, last["iteration"], last["state"],
-                                       topic) for a in peers],
+                                       topic, lazy) for a in peers],
                                      name=algorithm.name, on_poll=drain)
         except CollectiveError:
             drain()

@@ -235,7 +235,7 @@ def gdataset_html(x: Any) -> str:
         rows.append(f"<tr><td>{i}</td><td>{offs[i]:,}:{offs[i] + x.row_blocks[i]:,}</td>"
                     f"<td>{_fmt_bytes(x.row_blocks[i] * _row_bytes(x))}</td><td>{html.escape(loc)}</td>"
                     f"<td>{html.escape(tier)}</td></tr>")
-    layout = "feature-major (Fortran order)" if x.ndim == 2 else "contiguous"
+    layout = {2: "feature-major (Fortran order)", 3: "time-major (T, rows, f)"}.get(x.ndim, "contiguous")
     td = "padding:1px 8px;text-align:right"
     return (
         '<div style="font-family:var(--jp-ui-font-family,sans-serif);font-size:13px">'

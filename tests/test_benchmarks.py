@@ -38,6 +38,8 @@ CASES = {
     "sharing": ["--quick", "--jobs", "4", "--scale", "0.2", "--arrival", "0.05", "--corun-rounds", "1",
                 "--corun-duration", "0.25", "--mix-seeds", "1", "--mix-jobs", "6"],
     "cycles": ["--cycles", "1", "--sharing", "0", "--rows", "20000"],
+    "lstm": ["--tasks", "sine", "--rows", "600", "--test-rows", "100", "--timesteps", "6", "--hidden", "4",
+             "--epochs", "2", "--batch-size", "64"],
     "incremental": ["--rows", "4000", "--features", "4", "--blocks", "4", "--iterations", "3", "--refit-blocks", "8",
                     "--refit-block-rows", "100", "--nodes", "4000", "--graph-blocks", "2", "--p-back", "0.05"],
 }
@@ -118,6 +120,20 @@ PLOTS = ("load_balance", "window", "sharing")
 
 CHECKS = {"window": _check_window, "sharing": _check_sharing, "logistic": _check_logistic,
           "incremental": _check_incremental, "load_balance": _check_load_balance, "cycles": _check_cycles}
+def _check_lstm(d):
+    rows = {r["impl"]: r for r in d["results"] if r["task"] == "sine"}
+    assert set(rows) == {"a", "b", "c"}
+    assert all(len(r["epochs"]) == d["epochs"] for r in rows.values())
+    assert all(e["h2d_bytes"] == 0 for e in rows["a"]["epochs"])  # the data stays on the devices
+    assert all(e["h2d_bytes"] > 0 for e in rows["b"]["epochs"])  # the DataLoader moves every batch
+    assert all(e["h2d_bytes"] > 0 for e in rows["c"]["epochs"])  # the window brings blocks back
+    assert rows["c"]["data_bytes"] >= 2 * rows["c"]["device_memory"] * 0.99
+    ag = d["agreement"]["sine"]
+    assert ag["a_b_first_epoch_loss"] is True and ag["a_b_max_rel_loss_diff"] < 1e-3  # the same batches
+
+
+CHECKS = {"window": _check_window, "lstm": _check_lstm, "sharing": _check_sharing, "logistic": _check_logistic,
+          "incremental": _check_incremental, "load_balance": _check_load_balance}
 
 
 @pytest.mark.slow

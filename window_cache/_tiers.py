@@ -39,6 +39,19 @@ def _order(x: Any) -> str:
     return "F" if getattr(x, "ndim", 0) >= 2 and x.flags.f_contiguous and not x.flags.c_contiguous else "C"
 
 
+def _time_major(x: Any) -> bool:
+    """A 3-D sequence block stored time-major: a ``(rows, T, f)`` view of ``(T, rows, f)`` C-order memory
+    (GDataSet's layout for sequences), which a copy must keep."""
+    return getattr(x, "ndim", 0) == 3 and not x.flags.c_contiguous and x.transpose(1, 0, 2).flags.c_contiguous
+
+
+def _empty_like(empty: Any, host: Any) -> Any:
+    """``empty(shape, dtype, order)`` for a buffer with ``host``'s shape and layout."""
+    if _time_major(host):
+        return empty(host.transpose(1, 0, 2).shape, host.dtype, "C").transpose(1, 0, 2)
+    return empty(host.shape, host.dtype, _order(host))
+
+
 class EmulatedTier:
     """The device tier of an ``EmulatedDevice``."""
 
@@ -68,7 +81,7 @@ class EmulatedTier:
     def alloc(self, host: np.ndarray) -> np.ndarray:
         """A device buffer for ``host`` (same shape, dtype, layout), charged to the pool now;
         raises ``DeviceMemoryError`` when the pool has no room."""
-        return self.pool.empty(host.shape, host.dtype, order=_order(host))
+        return _empty_like(lambda shape, dtype, order: self.pool.empty(shape, dtype, order=order), host)
 
     def copy_to_device(self, dev: np.ndarray, host: np.ndarray) -> None:
         """Fill ``dev`` from ``host``: the host->device copy (sleeps nbytes / bandwidth)."""
@@ -141,7 +154,7 @@ class CudaTier:
         """A device buffer for ``host``; CuPy's / RMM's out-of-memory errors raise DeviceMemoryError."""
         def empty():
             with self.device.device:
-                return self._cp.empty(host.shape, dtype=host.dtype, order=_order(host))
+                return _empty_like(lambda shape, dtype, order: self._cp.empty(shape, dtype=dtype, order=order), host)
 
         return self.device.translate_oom(empty)
 
@@ -150,7 +163,10 @@ class CudaTier:
         stream, so copies overlap the compute streams."""
         stream = self.device.stream()
         with self.device.device:
-            dev.set(host, stream=stream)
+            if _time_major(dev):  # CuPy sets contiguous arrays only: copy the (T, rows, f) views
+                dev.transpose(1, 0, 2).set(host.transpose(1, 0, 2), stream=stream)
+            else:
+                dev.set(host, stream=stream)
             stream.synchronize()
         with self.device._stats_lock:
             self.device.bytes_h2d += dev.nbytes
@@ -159,6 +175,8 @@ class CudaTier:
         """Copy into pinned host memory on this thread's stream (pageable if pinning fails)."""
         import cupyx
 
+        if _time_major(dev):  # copy the contiguous (T, rows, f) view; the host copy keeps the layout
+            return self.to_host(dev.transpose(1, 0, 2)).transpose(1, 0, 2)
         try:
             out = cupyx.empty_pinned(dev.shape, dtype=dev.dtype, order=_order(dev))
         except Exception:  # noqa: BLE001 - pinned memory exhausted: pageable copy

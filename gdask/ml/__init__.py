@@ -9,11 +9,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["KMeans", "LogisticRegression", "pagerank", "powerlaw_graph"]
+__all__ = ["KMeans", "LSTMClassifier", "LSTMRegressor", "LogisticRegression", "pagerank", "powerlaw_graph"]
 
 _WHERE = {
     "KMeans": "gdask.ml._kmeans",
     "LogisticRegression": "gdask.ml._logistic",
+    "LSTMClassifier": "gdask.ml._lstm",   # PyTorch (gdask[torch]) is imported when they fit
+    "LSTMRegressor": "gdask.ml._lstm",
     "pagerank": "gdask.ml._pagerank",
     "powerlaw_graph": "gdask.ml._graphs",
 }

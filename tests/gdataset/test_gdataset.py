@@ -143,7 +143,7 @@ def test_from_dataframe_numeric_columns():
 
 @pytest.mark.parametrize(
     "x, kwargs, exc, match",
-    [(np.ones((2, 2, 2)), {}, ValueError, "1-D or 2-D"), (np.ones((0, 3)), {}, ValueError, "empty"),
+    [(np.ones((2, 2, 2, 2)), {}, ValueError, "1-D, 2-D or 3-D"), (np.ones((0, 3)), {}, ValueError, "empty"),
      (np.array(["a", "b"]), {}, TypeError, "numeric"), (np.ones((4, 2)), {"block_rows": 0}, ValueError, "block_rows"),
      (np.ones((4, 2)), {"block_rows": -3}, ValueError, "block_rows")],
 )

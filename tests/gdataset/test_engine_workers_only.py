@@ -1,0 +1,86 @@
+"""Algorithms that run on the workers only (``modes = ("workers",)``, e.g. data-parallel training):
+run in this process without a Client, run again on the workers from the last checkpoint after a lost
+peer, and end at once on an error of their own."""
+
+import logging
+
+import dask
+import numpy as np
+import pytest
+
+import gdask
+from gdask.devices import worker_state
+from gdask.gdataset import CollectiveError, IterativeAlgorithm, run_loop
+
+
+class BlockSums(IterativeAlgorithm):
+    """Each iteration: the sum of every block (from each rank's own blocks), all-gathered; ``fail``
+    makes a rank raise at iteration 2 (``"peer"``: a lost peer, the first time on each worker only;
+    ``"bug"``: an error of the driver; ``"always"``: a lost peer at the start of every run)."""
+
+    name = "block-sums"
+    modes = ("workers",)
+
+    def __init__(self, iterations=4, fail=None):
+        self.iterations = iterations
+        self.fail = fail
+
+    def run(self, state, ctx):
+        if self.fail == "always" and ctx.rank == 0:
+            raise CollectiveError("peer lost (simulated)")
+        while ctx.iteration < self.iterations:
+            mine = [(b, float(arrays["X"].sum())) for b, arrays in ctx.local()]
+            total = sum(s for part in ctx.allgather(mine) for _, s in part)
+            if ctx.iteration == 2 and ctx.rank == 0 and self.fail:
+                space = worker_state(ctx.token)
+                if self.fail == "bug":
+                    raise ValueError("a bug in the driver")
+                if not space.get("failed"):
+                    space["failed"] = True
+                    raise CollectiveError("peer lost (simulated)")
+            state = {"total": state["total"] + total, "ranks": ctx.size}
+            ctx.checkpoint(state, total=total)
+        return state
+
+
+@pytest.fixture(scope="module")
+def data():
+    x = np.arange(4000, dtype=np.float64).reshape(1000, 4)
+    return x, float(x.sum())
+
+
+def test_without_a_client_it_runs_here_as_the_only_rank(data):
+    x, s = data
+    res = run_loop(BlockSums(), {"X": gdask.from_array(x, block_rows=100)}, {"total": 0.0})
+    assert res.mode == "local" and res.iterations == 4 and res.state == {"total": 4 * s, "ranks": 1}
+    assert [r["iteration"] for r in res.history] == [1, 2, 3, 4] and all(r["mode"] == "local" for r in res.history)
+
+
+def test_on_the_workers(client, data):
+    x, s = data
+    res = run_loop(BlockSums(), {"X": gdask.from_array(x, block_rows=100)}, {"total": 0.0})
+    assert res.mode == "workers" and res.state == {"total": 4 * s, "ranks": 2} and res.restarts == 0
+
+
+def test_a_lost_peer_runs_the_loop_on_the_workers_again_from_its_checkpoint(client, data, caplog):
+    x, s = data
+    with caplog.at_level(logging.WARNING, logger="gdask.gdataset"):
+        res = run_loop(BlockSums(fail="peer"), {"X": gdask.from_array(x, block_rows=100)}, {"total": 0.0})
+    # rank 0 failed in iteration 3 after the all-gather: rank 1's checkpoint of iteration 3 may be the last
+    assert "running it on the workers again from iteration " in caplog.text and "(restart 1 of" in caplog.text
+    assert res.mode == "workers" and res.restarts == 1 and res.state["total"] == 4 * s
+    assert [r["iteration"] for r in res.history] == [1, 2, 3, 4]
+
+
+def test_an_error_of_the_driver_ends_the_fit_at_once(client, data, caplog):
+    x, _ = data
+    with caplog.at_level(logging.WARNING, logger="gdask.gdataset"), pytest.raises(ValueError, match="a bug"):
+        run_loop(BlockSums(fail="bug"), {"X": gdask.from_array(x, block_rows=100)}, {"total": 0.0})
+    assert "again" not in caplog.text
+
+
+def test_restarts_are_bounded(client, data):
+    x, _ = data
+    with dask.config.set({"gdask.engine.max-restarts": 1}), \
+            pytest.raises(CollectiveError, match="failed 2 times.*last finished iteration is 0"):
+        run_loop(BlockSums(fail="always"), {"X": gdask.from_array(x, block_rows=100)}, {"total": 0.0})
