@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 from dask.utils import format_bytes
 
+from gdask import config
+
 logger = logging.getLogger("gdask.gdataset")
 
 
@@ -62,11 +64,19 @@ def block_workers(x, client=None, wait_ready: bool = False) -> tuple[dict[int, s
 
         return await asyncio.gather(client.scheduler.who_has(keys=keys), client.scheduler.ncores())
 
+    if wait_ready:
+        limit = float(config.get("timeouts.persist", 300))
+        try:
+            wait(futures, timeout=limit)
+        except TimeoutError:
+            raise TimeoutError(f"the blocks of {x.name} were still being computed after {limit:g} s "
+                               "(config gdask.timeouts.persist)") from None
+        failed = next((f for f in futures if f.status == "error"), None)
+        if failed is not None:  # a block could not be made: say why, rather than "not persisted"
+            raise failed.exception()
     try:
-        if wait_ready:
-            wait(futures)
         who, nthreads = client.sync(ask)
-    except Exception:  # noqa: BLE001 - no scheduler: treat as not persisted
+    except OSError:  # the scheduler is gone: treat as not persisted
         return None
     workers = {index[k]: sorted(addrs)[0] for k, addrs in who.items() if k in index and addrs}
     return workers, {addr: int(n) for addr, n in nthreads.items()}

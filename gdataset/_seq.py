@@ -23,7 +23,7 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task, TaskRef
 
-from gdask.devices import array_module, current_device
+from gdask.devices import array_namespace, astype, current_device, is_strict
 
 __all__ = ["is_time_major", "moments", "select_rows", "take_rows", "time_major", "to_device", "to_time_major"]
 
@@ -33,26 +33,33 @@ def time_major(b: Any) -> Any:
     the time-major layout: no copy)."""
     if getattr(b, "ndim", 0) != 3:
         raise ValueError(f"time_major needs a 3-D (rows, T, f) block, got shape {getattr(b, 'shape', None)}")
-    return b.transpose(1, 0, 2)
+    return array_namespace(b).permute_dims(b, (1, 0, 2))
 
 
 def is_time_major(b: Any) -> bool:
-    """Whether a 3-D block is stored time-major (its ``(T, rows, f)`` view is C-contiguous)."""
-    return getattr(b, "ndim", 0) == 3 and bool(b.transpose(1, 0, 2).flags.c_contiguous)
+    """Whether a 3-D block is stored time-major (its ``(T, rows, f)`` view is C-contiguous). Arrays
+    without a memory layout (array-api-strict) count as time-major."""
+    if getattr(b, "ndim", 0) != 3:
+        return False
+    return is_strict(b) or bool(b.transpose(1, 0, 2).flags.c_contiguous)
 
 
 def to_time_major(b: Any, xp: Any = None) -> Any:
     """``b`` (a ``(rows, T, f)`` array) in the time-major layout: ``b`` itself when it is, else a copy."""
     if is_time_major(b):
         return b
-    xp = xp or array_module(b)
-    return xp.ascontiguousarray(b.transpose(1, 0, 2)).transpose(1, 0, 2)
+    import numpy
+
+    mod = numpy if isinstance(b, numpy.ndarray) else __import__(type(b).__module__.split(".")[0])
+    return mod.ascontiguousarray(b.transpose(1, 0, 2)).transpose(1, 0, 2)
 
 
 def to_device(chunk: Any) -> Any:
     """Copy a host (or other-device) ``(rows, T, f)`` chunk onto this process's device, time-major
     (the task function of 3-D blocks, as :func:`gdask.gdataset._blocks.to_device` for 1-D/2-D)."""
     dev = current_device()
+    if dev.backend == "emulated-strict":  # strict arrays have no memory layout to choose
+        return dev.asarray(chunk)
     return dev.asarray(chunk.transpose(1, 0, 2), order="C").transpose(1, 0, 2)
 
 
@@ -60,21 +67,24 @@ def moments(b: Any, axis: tuple[int, ...]) -> tuple[int, Any, Any]:
     """``(count, mean, M2)`` of a block over several axes (e.g. ``(0, 1)``: rows and time steps),
     in float64, for Chan et al.'s parallel variance."""
     n = math.prod(b.shape[a] for a in axis)
-    bf = b.astype(np.float64, copy=False)
+    xp = array_namespace(b)
+    bf = astype(b, np.float64)
     if n == 0:
-        z = bf.sum(axis=axis) * 0
+        z = xp.sum(bf, axis=axis) * 0
         return (0, z, z)
-    mean = bf.mean(axis=axis)
+    mean = xp.mean(bf, axis=axis)
     keep = tuple(slice(None) if a not in axis else None for a in range(b.ndim))
-    return n, mean, ((bf - mean[keep]) ** 2).sum(axis=axis)
+    return n, mean, xp.sum((bf - mean[keep]) ** 2, axis=axis)
 
 
 def take_rows(b: Any, rows: Any) -> Any:
     """Rows ``rows`` (block-local indices) of a block, in the block's layout."""
-    xp = array_module(b)
-    rows = xp.asarray(rows)
-    if b.ndim == 3:
-        return xp.take(b.transpose(1, 0, 2), rows, axis=1).transpose(1, 0, 2)
+    from gdask.devices import asarray_like
+
+    xp = array_namespace(b)
+    rows = asarray_like(rows, b)
+    if b.ndim == 3:  # (T, rows, f) in, (T, rows, f) out: the time-major layout stays
+        return xp.permute_dims(xp.take(xp.permute_dims(b, (1, 0, 2)), rows, axis=1), (1, 0, 2))
     if b.ndim == 2:
         return xp.take(b.T, rows, axis=1).T  # Fortran order in, Fortran order out
     return xp.take(b, rows, axis=0)
