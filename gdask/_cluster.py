@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import math
 import multiprocessing
 import numbers
+import time
 import warnings
 from typing import Any
 
-from dask.utils import format_bytes
+import dask
+from dask.utils import format_bytes, parse_timedelta
 from distributed import LocalCluster
+from distributed.core import Status
+from distributed.deploy.cluster import Cluster
 
-from gdask import config
-from gdask._errors import GDaskWarning, WorkerStartError
+from gdask import GDaskWarning, WorkerStartError, config
 from gdask.devices import DeviceSpec, make_specs, parse_size
 
 __all__ = ["LocalGPUCluster", "WorkerStartError"]
@@ -239,6 +243,48 @@ class LocalGPUCluster(LocalCluster):
             except Exception as close_error:  # noqa: BLE001 - the start error is the one to report
                 logging.getLogger("gdask").debug("closing a cluster that did not start: %r", close_error)
             raise _start_error(e, n) from e
+
+    def _update_worker_status(self, op: str, msg: Any) -> None:
+        """Scheduler updates. A worker that left is given ``distributed.deploy.lost-worker-timeout``
+        to come back (its nanny restarts a process that died); then, while its nanny still has a live
+        process (a restart under way), the check repeats, for at most config
+        ``gdask.timeouts.cluster-start`` seconds. A nanny without a live process (it could not restart
+        the worker) is closed and the device gets a new worker (``_correct_state``).
+
+        Stock ``SpecCluster`` closes the nanny after the timeout whenever the name is absent, also when
+        the worker, killed once, is killed again during the next restart: the device was lost for good."""
+        if op != "remove":
+            return super()._update_worker_status(op, msg)
+        name = self.scheduler_info["workers"][msg]["name"]
+        Cluster._update_worker_status(self, op, msg)  # forget the worker (not SpecCluster's rule)
+        delay = parse_timedelta(dask.config.get("distributed.deploy.lost-worker-timeout"))
+        give_up = time.monotonic() + float(config.get("timeouts.cluster-start", 120))
+        loop = asyncio.get_running_loop()
+
+        def check() -> None:
+            nanny = self.workers.get(name)
+            if (nanny is None or self.status in (Status.closing, Status.closed)
+                    or any(d["name"] == name for d in self.scheduler_info["workers"].values())):
+                return  # back (or gone with the cluster)
+            process = getattr(nanny, "process", None)
+            alive = process is not None and process.is_alive()
+            if alive and time.monotonic() < give_up:
+                loop.call_later(delay, check)  # its nanny is still restarting it
+                return
+            logging.getLogger("gdask").warning("LocalGPUCluster: worker %r did not come back (its nanny %s); "
+                                               "starting a new one for its device", name,
+                                               "has no live process" if not alive else "took too long")
+            del self.workers[name]
+            self._futures.add(asyncio.ensure_future(self._replace(nanny)))
+
+        loop.call_later(delay, check)
+
+    async def _replace(self, nanny: Any) -> None:
+        try:
+            await nanny.close()
+        finally:
+            if self.status not in (Status.closing, Status.closed):
+                await self._correct_state()  # the name is still in worker_spec: a new worker for it
 
     def new_worker_spec(self) -> dict[Any, dict[str, Any]]:
         free = [i for i in self._spec_by_name if i not in self.worker_spec]

@@ -24,6 +24,7 @@ from collections import Counter
 from typing import Any, Iterable
 
 import dask
+import dask.threaded
 from dask.base import tokenize
 from dask.core import flatten
 from dask.task_spec import Alias, DataNode, Task, TaskRef
@@ -32,7 +33,7 @@ from dask.utils import key_split, parse_bytes
 from gdask import config, protocol
 from gdask.gdataset._cachepolicy import ReusePolicy
 
-__all__ = ["GTracker", "incremental", "ExecutionLog", "active_tracker"]
+__all__ = ["GTracker", "incremental", "ExecutionLog", "active_tracker", "tracked_get"]
 
 _PLUGIN_NAME = protocol.PLUGIN_EXECUTION_LOG
 _ACTIVE: list[GTracker] = []
@@ -41,6 +42,27 @@ _ACTIVE: list[GTracker] = []
 def active_tracker() -> GTracker | None:
     """The innermost active tracker, or ``None``."""
     return _ACTIVE[-1] if _ACTIVE else None
+
+
+def tracked_get(dsk: Any, keys: Any, **kwargs: Any) -> Any:
+    """The Dask scheduler function installed while a tracker is active: the innermost active
+    tracker's :meth:`GTracker.get`.
+
+    dask.config holds this module-level function, never a tracker's bound method: a nanny pickles
+    the config to restart a worker, and a bound method holding a Client cannot be pickled (the
+    worker would never come back). In a process without an active tracker (a worker started with
+    that config) it is the usual choice: the current Client, else Dask's threaded scheduler.
+    """
+    tracker = active_tracker()
+    if tracker is not None:
+        return tracker.get(dsk, keys, **kwargs)
+    try:
+        from distributed import get_client
+
+        client = get_client()
+    except (ImportError, ValueError):
+        return dask.threaded.get(dsk, keys, **kwargs)
+    return client.get(dsk, keys, **kwargs)
 
 
 # -- scheduler side: what actually ran -----------------------------------------------------------
@@ -228,7 +250,7 @@ class GTracker:
     def activate(self) -> GTracker:
         """Route ``.compute()`` / ``dask.compute`` through this tracker (done on creation)."""
         if self._config is None:
-            self._config = dask.config.set(scheduler=self.get, array_optimize=_cull_only,
+            self._config = dask.config.set(scheduler=tracked_get, array_optimize=_cull_only,
                                            delayed_optimize=_cull_only)
             _ACTIVE.append(self)
         return self
@@ -374,8 +396,12 @@ class GTracker:
 
     def compute(self, *collections: Any, **kwargs: Any) -> tuple:
         """``dask.compute`` through this tracker (also when it is not the active one)."""
-        with dask.config.set(scheduler=self.get, array_optimize=_cull_only, delayed_optimize=_cull_only):
-            return dask.compute(*collections, **kwargs)
+        _ACTIVE.append(self)  # innermost while it computes
+        try:
+            with dask.config.set(scheduler=tracked_get, array_optimize=_cull_only, delayed_optimize=_cull_only):
+                return dask.compute(*collections, **kwargs)
+        finally:
+            _ACTIVE.remove(self)
 
 
 def _default_budget(client: Any) -> int:
