@@ -100,7 +100,9 @@ class _Operands:
             if host.nbytes <= _EMBED_BYTES:
                 self.args.append(("value", a))
             else:
-                key = "operand-" + tokenize(a, dask.get_annotations().get("gdask_job"))
+                from gdask.scheduling import job_salt
+
+                key = "operand-" + tokenize(a, *job_salt())
                 self.graph[key] = DataNode(key, a)
                 self.args.append(("ref", key))
             self.metas.append(np.broadcast_to(np.zeros((), dtype=host.dtype), host.shape))

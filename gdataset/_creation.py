@@ -67,12 +67,11 @@ def _split(n: int, block_rows: int) -> tuple[int, ...]:
 
 
 def _job_salt() -> tuple:
-    """Inside ``gdask.job(...)``: the job's name, so that a job's blocks have keys of their own
-    (one job never reads another job's cached blocks); elsewhere nothing (keys unchanged)."""
-    import dask
+    """Inside ``gdask.job(...)``: the job's name and secret, so that a job's blocks have keys of their
+    own (one job never reads another job's cached blocks, nor names them); elsewhere nothing."""
+    from gdask.scheduling import job_salt
 
-    job = dask.get_annotations().get("gdask_job")
-    return () if job is None else ("gdask-job", job)
+    return job_salt()
 
 
 def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None) -> GDataSet:
