@@ -27,7 +27,7 @@ from gdask.gdataset import (
 from gdask.gdataset import from_dask_array as gdask_from_dask_array
 from gdask.ml import _bounds, _kernels
 from gdask.ml._input import check_finite as _check_finite
-from gdask.ml._input import estimator_job
+from gdask.ml._input import estimator_job, in_task_scope
 from gdask.ml._input import is_host_input as _is_host_input
 
 logger = logging.getLogger("gdask.ml")
@@ -340,6 +340,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         return _weighted_kmeanspp(cands.astype(np.float64), weights, k, rng).astype(X.dtype)
 
     # -- fit -----------------------------------------------------------------------------------
+    @in_task_scope
     def fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> KMeans:
         """Compute the clustering.
 
@@ -449,6 +450,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         out = G.map_blocks(_labels_block, self._centers_for(G), dtype=np.int32, ncols=None, name="kmeans-labels")
         return out if isinstance(X, GDataSet) else out.to_dask_array()
 
+    @in_task_scope
     def predict(self, X: Any, sample_weight: Any = None) -> Any:
         """Index of the nearest cluster center for each row: NumPy (CuPy for CuPy input); for a
         GDataSet or dask input a lazy collection blocked like X."""
@@ -462,6 +464,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
     def fit_predict(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
         return self.fit(X, sample_weight=sample_weight).labels_
 
+    @in_task_scope
     def transform(self, X: Any) -> Any:
         """Distances from each row to every center, shape (n_samples, n_clusters); lazy (blocked like
         X) for a GDataSet or dask input."""
@@ -478,6 +481,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
     def fit_transform(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
         return self.fit(X, sample_weight=sample_weight).transform(X)
 
+    @in_task_scope
     def score(self, X: Any, y: Any = None, sample_weight: Any = None) -> float:
         """Opposite of the inertia of X against the fitted centers (higher is better)."""
         self._check_fitted()

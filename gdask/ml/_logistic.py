@@ -24,7 +24,7 @@ from gdask.gdataset import (
 from gdask.gdataset import from_dask_array as gdask_from_dask_array
 from gdask.ml import _logistic_kernels as _k
 from gdask.ml._input import check_finite as _check_finite
-from gdask.ml._input import estimator_job
+from gdask.ml._input import estimator_job, in_task_scope
 from gdask.ml._input import is_host_input as _is_host_input
 from gdask.ml._input import module_name as _module
 
@@ -469,6 +469,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
         return np.array([float(cw.get(c, 1.0)) for c in classes.tolist()])
 
     # -- fit -------------------------------------------------------------------------------------
+    @in_task_scope
     def fit(self, X: Any, y: Any, sample_weight: Any = None) -> LogisticRegression:
         """Fit the model.
 
@@ -566,6 +567,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
 
         check_is_fitted(self, "coef_")
 
+    @in_task_scope
     def decision_function(self, X: Any) -> Any:
         """Confidence scores ``X @ coef_.T + intercept_``: shape (n_samples,) for two classes,
         else (n_samples, n_classes). NumPy, or CuPy for CuPy input."""
@@ -594,6 +596,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
         return to_numpy(G.map_blocks(_k.decision, coef, intercept, dtype=dtype, ncols=K,
                                      name="logreg-decision").compute())
 
+    @in_task_scope
     def predict(self, X: Any) -> Any:
         """Class labels: ``classes_[argmax]`` of the scores (NumPy; CuPy for CuPy input)."""
         scores = self.decision_function(X)
@@ -602,6 +605,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
         classes = self.classes_ if xp is np else xp.asarray(self.classes_)
         return classes[idx]
 
+    @in_task_scope
     def predict_proba(self, X: Any) -> Any:
         """Class probabilities, shape (n_samples, n_classes): sigmoid for two classes, softmax else."""
         scores = self.decision_function(X)
@@ -618,6 +622,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
         proba = self.predict_proba(X)
         return _xp(proba).log(proba)
 
+    @in_task_scope
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
         """Mean accuracy on ``X``, ``y`` (``y`` and weights may be GDataSets or dask arrays)."""
         from sklearn.metrics import accuracy_score
