@@ -365,7 +365,8 @@ class GDataSet(DaskMethodsMixin):
         name : str, optional
             Key prefix; defaults to the function's name.
         """
-        return _elemwise(func, self, *args, dtype=dtype, ncols=ncols, name=name, kwargs=kwargs)
+        return _elemwise(_RowsChecked(func), self, *args, dtype=dtype, ncols=ncols, name=name or _fname(func),
+                         kwargs=kwargs)
 
     def reduce_blocks(self, chunk: Callable[..., Any], combine: Callable[[list], Any], *args: Any,
                       finalize: Callable[[Any], Any] | None = None, split_every: int = 8,
@@ -431,8 +432,11 @@ class GDataSet(DaskMethodsMixin):
         )
 
     def astype(self, dtype: Any) -> GDataSet:
-        return _elemwise(_blocks.astype, self, np.dtype(dtype), dtype=np.dtype(dtype), ncols=self.ncols,
-                         name="astype")
+        dtype = np.dtype(dtype)
+        if dtype.kind not in "biuf":
+            raise TypeError(f"GDataSet blocks must have a numeric (bool, integer or float) dtype; astype({dtype}) "
+                            "is not one. Compute to NumPy first for strings or objects.")
+        return _elemwise(_blocks.astype, self, dtype, dtype=dtype, ncols=self.ncols, name="astype")
 
     def __getitem__(self, index: Any) -> GDataSet:
         if not isinstance(index, tuple):
@@ -538,6 +542,27 @@ class _Transposed:
 
 
 # -- block functions (module level: stable tokens, picklable) -----------------------------------
+class _RowsChecked:
+    """A :meth:`GDataSet.map_blocks` kernel whose result must have its block's rows (the result is
+    blocked like the input: a kernel that drops or adds rows would silently misalign it)."""
+
+    def __init__(self, func: Callable[..., Any]) -> None:
+        self.func = func
+        self.__name__ = _fname(func)
+
+    def __dask_tokenize__(self) -> Any:
+        return ("rows-checked", tokenize(self.func))
+
+    def __call__(self, blk: Any, *args: Any, **kwargs: Any) -> Any:
+        out = self.func(blk, *args, **kwargs)
+        rows = getattr(out, "shape", ())[:1]
+        if rows != blk.shape[:1]:
+            raise ValueError(f"map_blocks: {self.__name__} returned {'a scalar' if not rows else f'{rows[0]} rows'} "
+                             f"for a block of {blk.shape[0]} rows; a kernel must return one row per input row "
+                             "(use reduce_blocks for per-block results)")
+        return out
+
+
 def _argmin1(b):
     return b.argmin(axis=1)
 

@@ -86,7 +86,8 @@ def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None
         least 8 blocks for large data. A sequence gives every block's rows, e.g. ``Y.row_blocks``
         to block ``x`` like another GDataSet ``Y``.
     name : str, optional
-        Key prefix; the default is derived from the content, so the same data gives the same keys.
+        Key prefix (default ``"from-array"``); the rest of the key is derived from the content, so the
+        same data gives the same keys and other data under the same name gets other keys.
 
     Returns
     -------
@@ -110,6 +111,10 @@ def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None
     if mod == "numpy":
         if hasattr(x, "dtypes") and hasattr(x, "columns"):
             return from_dataframe(x, block_rows=block_rows)
+        if _is_sparse(x):
+            raise TypeError(f"from_array does not take sparse matrices ({type(x).__name__} of shape "
+                            f"{getattr(x, 'shape', '?')}): GDataSet blocks are dense. Convert with x.toarray() if it "
+                            "fits in memory.")
         x = np.asarray(x)
     if x.ndim not in (1, 2):
         raise ValueError(f"from_array needs a 1-D or 2-D array (rows = samples), got {x.ndim}-D of shape {x.shape}")
@@ -126,7 +131,10 @@ def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None
             raise ValueError(f"block_rows {_short_rows(rows)} add up to {sum(rows)} rows, but the array has {n}")
     else:
         rows = _split(n, _check_block_rows(block_rows))
-    name = name or f"from-array-{tokenize(x, rows, *_job_salt())}"
+    if name is not None and (not isinstance(name, str) or not name):
+        raise TypeError(f"name must be a non-empty string (a key prefix), got {name!r}")
+    # the name is a prefix: keys always name the content, so the same name with other data is another dataset
+    name = f"{name or 'from-array'}-{tokenize(x, rows, *_job_salt())}"
     layer = {}
     start = 0
     for i, r in enumerate(rows):
@@ -134,6 +142,12 @@ def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None
         start += r
     graph = HighLevelGraph.from_collections(name, device_layer(layer, "to_device"), dependencies=())
     return GDataSet(graph, name, rows, x.shape[1] if x.ndim == 2 else None, x.dtype, _device_backend(mod))
+
+
+def _is_sparse(x: Any) -> bool:
+    """scipy.sparse matrices and arrays, pydata sparse, CuPy sparse (checked without importing them)."""
+    mod = type(x).__module__.split(".")[0]
+    return (mod in ("scipy", "sparse", "cupyx") and hasattr(x, "nnz")) or hasattr(x, "todense") and hasattr(x, "nnz")
 
 
 def _short_rows(rows) -> str:

@@ -26,8 +26,8 @@ from gdask.gdataset import (
 )
 from gdask.gdataset import from_dask_array as gdask_from_dask_array
 from gdask.ml import _bounds, _kernels
+from gdask.ml._input import all_finite, estimator_job, in_task_scope
 from gdask.ml._input import check_finite as _check_finite
-from gdask.ml._input import estimator_job, in_task_scope
 from gdask.ml._input import is_host_input as _is_host_input
 
 logger = logging.getLogger("gdask.ml")
@@ -690,10 +690,12 @@ def _bounds_labels_host(blk, centers, token, w=None, history=None, labels=True):
 
 
 def _labels_block(blk, centers):
+    _require_finite(blk)
     return _kernels.assign(blk, centers)[0]
 
 
 def _assign_host(blk, centers):
+    _require_finite(blk)
     labels, mind = _kernels.assign(blk, centers)
     return [(to_numpy(labels), to_numpy(mind))]
 
@@ -703,6 +705,7 @@ def _join_lists(parts):
 
 
 def _distances_block(blk, centers):
+    _require_finite(blk)
     xp = array_module(blk)
     c = xp.asarray(centers)
     d2 = (blk * blk).sum(1)[:, None] - 2 * (blk @ c.T) + (c * c).sum(1)[None, :]
@@ -711,6 +714,14 @@ def _distances_block(blk, centers):
 
 def _distances_host(blk, centers):
     return to_numpy(_distances_block(blk, centers))
+
+
+def _require_finite(blk) -> None:
+    """Predicting on rows with NaN or infinity raises, as for NumPy input (scikit-learn's check),
+    also when the rows come lazily in blocks (checked in each block's task)."""
+    if not all_finite(blk):
+        raise ValueError(f"Input X contains NaN or infinity (in a block of {blk.shape[0]} rows); remove or impute "
+                         "them before predicting")
 
 
 def _xp_from_host(x):

@@ -23,8 +23,8 @@ from gdask.gdataset import (
 )
 from gdask.gdataset import from_dask_array as gdask_from_dask_array
 from gdask.ml import _logistic_kernels as _k
+from gdask.ml._input import all_finite, estimator_job, in_task_scope
 from gdask.ml._input import check_finite as _check_finite
-from gdask.ml._input import estimator_job, in_task_scope
 from gdask.ml._input import is_host_input as _is_host_input
 from gdask.ml._input import module_name as _module
 
@@ -593,7 +593,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
         coef, intercept = to_numpy(self.coef_), to_numpy(self.intercept_)
         K = coef.shape[0]
         dtype = np.result_type(G.dtype, coef.dtype)
-        return to_numpy(G.map_blocks(_k.decision, coef, intercept, dtype=dtype, ncols=K,
+        return to_numpy(G.map_blocks(_checked_decision, coef, intercept, dtype=dtype, ncols=K,
                                      name="logreg-decision").compute())
 
     @in_task_scope
@@ -635,6 +635,15 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
             return to_numpy(v) if _module(v) == "cupy" else v
 
         return float(accuracy_score(host(y), to_numpy(self.predict(X)), sample_weight=host(sample_weight)))
+
+
+def _checked_decision(X, coef, intercept):
+    """:func:`_logistic_kernels.decision` of one block; NaN or infinity in it raises, as for NumPy
+    input (scikit-learn's check)."""
+    if not all_finite(X):
+        raise ValueError(f"Input X contains NaN or infinity (in a block of {X.shape[0]} rows); remove or impute "
+                         "them before predicting")
+    return _k.decision(X, coef, intercept)
 
 
 def _encode(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
