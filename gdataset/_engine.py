@@ -56,6 +56,9 @@ __all__ = ["Blocks", "EngineResult", "IterativeAlgorithm", "LoopContext", "MODES
 
 MODES = ("workers", "client", "stream")
 
+#: seconds a failed loop on the workers waits for checkpoint events still on their way (bounded)
+_CHECKPOINT_GRACE = 0.3
+
 
 def _lost_work_errors() -> tuple[type[BaseException], ...]:
     """Errors of a computation whose worker died under it (its inputs come back from lineage)."""
@@ -228,9 +231,9 @@ class _ClientContext(LoopContext):
             from gdask.window_cache import scan
 
             with scan(self.ref.__dask_keys__(), self._passes):
-                results = dask.compute(*outs)
+                results = bounded_compute(outs, f"pass {self._passes} ({prefix}) of a {self.mode} loop")
         else:
-            results = dask.compute(*outs)
+            results = bounded_compute(outs, f"pass {self._passes} ({prefix}) of a {self.mode} loop")
         self._passes += 1
         by_block = {b: r for g, res in zip(groups, results) for b, r in zip(g, res)}
         return [by_block[b] for b in wanted]
@@ -240,6 +243,25 @@ class _ClientContext(LoopContext):
         rec = self._record(record, now - self._t0)
         self._t0 = now
         self._progress(state, rec)
+
+
+def bounded_compute(collections: Sequence[Any], what: str) -> tuple:
+    """``dask.compute(*collections)``, waiting at most config ``gdask.timeouts.pass`` seconds for a
+    Client's cluster (else :class:`TimeoutError` naming ``what`` and the setting; the pass's tasks
+    are cancelled). Without a Client: Dask's local scheduler."""
+    client = _client_or_none()
+    if client is None:
+        return dask.compute(*collections)
+    from distributed import wait
+
+    limit = float(config.get("timeouts.pass", 3600))
+    futures = client.compute(list(collections))
+    try:
+        wait(futures, timeout=limit)
+    except TimeoutError:
+        client.cancel(futures)
+        raise TimeoutError(f"{what} did not finish within {limit:g} s (gdask.timeouts.pass)") from None
+    return tuple(client.gather(futures))
 
 
 def _blocks_name(func: Callable) -> str:
@@ -499,9 +521,15 @@ def _run_on_workers(algorithm: IterativeAlgorithm, datasets: dict, groups: list[
                                    is not None else len(workers), token, last["iteration"], last["state"], topic)
                                   for a in peers],
                                  name=algorithm.name, on_poll=drain)
+    except CollectiveError:
+        # the failure may overtake the survivors' last checkpoints on their way here: where the fit
+        # resumes (a short, bounded grace for them)
+        time.sleep(_CHECKPOINT_GRACE)
+        raise
     finally:
+        drain()
         client.unsubscribe_topic(topic)
-    drain()
+        drain()
     r0 = results[0]
     # records the events did not bring in time (the driver's own count is authoritative)
     if r0["iteration"] > seen["iteration"]:

@@ -58,9 +58,16 @@ def block_workers(x, client=None, wait_ready: bool = False) -> tuple[dict[int, s
 
         return await asyncio.gather(client.scheduler.who_has(keys=keys), client.scheduler.ncores())
 
+    if wait_ready:
+        from gdask import config
+
+        limit = float(config.get("timeouts.blocks", 600))
+        try:
+            wait(futures, timeout=limit)
+        except TimeoutError:
+            raise TimeoutError(f"the persisted blocks of {x.name} were not all computed within {limit:g} s "
+                               "(gdask.timeouts.blocks)") from None
     try:
-        if wait_ready:
-            wait(futures)
         who, nthreads = client.sync(ask)
     except Exception:  # noqa: BLE001 - no scheduler: treat as not persisted
         return None

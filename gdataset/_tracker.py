@@ -29,6 +29,7 @@ from dask.base import tokenize
 from dask.core import flatten
 from dask.task_spec import Alias, DataNode, Task, TaskRef
 from dask.utils import key_split, parse_bytes
+from distributed import wait
 
 from gdask import config, protocol
 from gdask.gdataset._cachepolicy import ReusePolicy
@@ -361,7 +362,14 @@ class GTracker:
         by_key = dict(zip(run_keys, futures))
         out_set = set(flat)
         try:
-            results = self.client.gather([by_key[k] if k in by_key else self._futures[fps[k]] for k in flat])
+            wanted = [by_key[k] if k in by_key else self._futures[fps[k]] for k in flat]
+            limit = float(config.get("timeouts.pass", 3600))
+            try:
+                wait(wanted, timeout=limit)
+            except TimeoutError:
+                raise TimeoutError(f"a tracked computation (computation {now}, {len(run)} tasks to run) did not "
+                                   f"finish within {limit:g} s (gdask.timeouts.pass)") from None
+            results = self.client.gather(wanted)
         finally:
             for k, f in by_key.items():  # cache every computed result
                 fp = fps[k]

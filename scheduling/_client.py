@@ -193,11 +193,14 @@ class Job:
         prof = None if self.profile is None else {"compute": self.profile.compute, "bandwidth": self.profile.bandwidth,
                                                   "memory": self.profile.memory}
         self.status = "waiting"
+        from gdask import config
+
+        timeout = self.timeout if self.timeout is not None else float(config.get("timeouts.job-open", 3600))
         try:
             info = self.client.sync(getattr(self.client.scheduler, protocol.HANDLER_JOB_OPEN), name=self.name,
                                     gpu=self.gpu,
                                     memory=self.memory, count=self.count, kind=self.kind, profile=prof,
-                                    timeout=self.timeout)
+                                    timeout=timeout)
         except BaseException:
             self.status = "failed"
             raise
@@ -270,7 +273,8 @@ def job(client: Any = None, gpu: float = 1.0, memory: int | str | None = None, n
     profile : JobProfile, optional
         The job's compute / bandwidth use of a device alone, if known; otherwise measured.
     timeout : float, optional
-        Seconds to wait for a share before raising ``TimeoutError`` (default: forever).
+        Seconds to wait for a share before raising ``TimeoutError`` (default config
+        ``gdask.timeouts.job-open``, an hour).
 
     Raises
     ------

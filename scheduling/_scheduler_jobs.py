@@ -249,7 +249,8 @@ class JobScheduler(SchedulerPlugin):
                     self.queue.remove(name)
                 rec.status = "timed out"
                 rec.finished = time.time()
-                raise TimeoutError(f"job {name!r} waited {timeout} s for a device share "
+                raise TimeoutError(f"job {name!r} waited {timeout} s for a device share (timeout=, default "
+                                   f"gdask.timeouts.job-open) "
                                    f"(gpu={req.gpu:g}, memory={req.memory} bytes); running: "
                                    f"{[n for n, r in self.records.items() if r.status == 'running']}") from None
         return {"devices": rec.devices, "memory": req.memory, "waited": (rec.started or time.time()) - rec.submitted,
