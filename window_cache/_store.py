@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable, Hashable, Iterator
 
+import numpy as np
 from dask.sizeof import sizeof
 from dask.utils import format_bytes
 
@@ -66,6 +67,16 @@ def _reader() -> tuple[str, Any]:
             return "transfer", None
         frame = frame.f_back
     return "other", None
+
+
+def _aligned(value: Any) -> Any:
+    """An array as its own aligned copy when its data is not aligned to its item size (data received
+    from another worker is deserialized at any offset of the message's buffer). NumPy computes on
+    misaligned arrays without BLAS, summing in another order: the same block would give other bits
+    depending on where it was computed (placement must not change results)."""
+    if isinstance(value, np.ndarray) and not value.flags.aligned:
+        return np.copy(value, order="K")
+    return value
 
 
 def _memory_timeout() -> float:
@@ -292,7 +303,7 @@ class WindowStore(MutableMapping):
             del self[key]
         tier = self.tier
         if tier is None or not tier.owns(value):
-            self._plain[key] = value
+            self._plain[key] = _aligned(value)
             return
         nbytes = int(self._size(value))
         job = self.job_of(key) if self.job_of is not None else None
@@ -685,7 +696,7 @@ class WindowStore(MutableMapping):
     def _host_value(self, e: _Entry) -> Any:
         if e.host is not None:
             return e.host
-        value = self._disk.read(e.disk)
+        value = _aligned(self._disk.read(e.disk))
         self.counters["bytes_from_disk"] += e.nbytes
         return value
 

@@ -191,3 +191,22 @@ def test_a_job_over_its_request_spills_only_its_own_blocks():
     assert dev.reclaim(8 * NB) <= 4 * NB
     assert s.job_usage("B") == 4 * NB
     s.close()
+
+
+def test_misaligned_arrays_are_stored_aligned():
+    # data received from another worker is deserialized at any offset of the message: NumPy computes on
+    # misaligned float64 without BLAS, so a block's results depended on where it had been computed
+    x = np.asfortranarray(np.random.default_rng(0).random((4096, 8)))
+    buf = np.empty(x.nbytes + 16, np.uint8)
+    start = 3 + (-buf.ctypes.data) % 8  # 3 bytes past an 8-byte boundary
+    y = buf[start:start + x.nbytes].view(x.dtype).reshape(x.shape[::-1]).T
+    y[...] = x
+    assert not y.flags.aligned and y.flags.f_contiguous
+    s = WindowStore("lru", device=device(), reserve=0)
+    s["received"] = y
+    got = s["received"]
+    assert got.flags.aligned and got.flags.f_contiguous
+    np.testing.assert_array_equal(got, x)
+    w = np.ones(8)
+    assert (got @ w).tobytes() == (x @ w).tobytes()
+    s.close()
