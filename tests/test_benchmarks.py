@@ -37,6 +37,7 @@ CASES = {
                "--clusters", "4"],
     "sharing": ["--quick", "--jobs", "4", "--scale", "0.2", "--arrival", "0.05", "--corun-rounds", "1",
                 "--corun-duration", "0.25", "--mix-seeds", "1", "--mix-jobs", "6"],
+    "chaos": ["--quick", "--kills", "2"],
     "incremental": ["--rows", "4000", "--features", "4", "--blocks", "4", "--iterations", "3", "--refit-blocks", "8",
                     "--refit-block-rows", "100", "--nodes", "4000", "--graph-blocks", "2", "--p-back", "0.05"],
 }
@@ -69,6 +70,17 @@ def _check_sharing(d):
     assert real["slowdowns"] and all(s["median"] > 0 for s in real["slowdowns"])
     assert set(real["profiles"]) == {"gemm", "stream", "mixed"}
     assert {r["policy"] for r in d["results"]} == {"whole-device", "first-fit", "gdask"}
+
+
+def _check_chaos(d):
+    rows = {r["scenario"]: r for r in d["rows"]}
+    kills = [r for r in d["runs"] if r["part"] == "kill"]
+    assert len(kills) == 2 and all(r["restarted"] for r in kills)  # each run had its kill, the worker came back
+    assert {"pressure 2x: op chains", "pressure 4x: kmeans", "two jobs on one device"} <= set(rows)
+    for r in rows.values():  # correctness holds at any size: the figures that are not timings
+        assert r["wrong"] == 0 and r["hangs"] == 0 and r["survived"] == r["runs"], r
+        assert r["host_peak"] > 0
+    assert d["pass"] is True
 
 
 def _check_logistic(d):
@@ -108,7 +120,7 @@ def _check_load_balance(d):
 
 
 CHECKS = {"window": _check_window, "sharing": _check_sharing, "logistic": _check_logistic,
-          "incremental": _check_incremental, "load_balance": _check_load_balance}
+          "incremental": _check_incremental, "load_balance": _check_load_balance, "chaos": _check_chaos}
 
 
 @pytest.mark.slow
