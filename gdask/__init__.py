@@ -9,7 +9,7 @@ import importlib
 from typing import Any
 
 from gdask import config  # noqa: F401  (registers gdask.yaml defaults with dask.config)
-from gdask._errors import DeviceMemoryError, GDaskWarning, NoDeviceError
+from gdask._errors import DeviceMemoryError, GDaskWarning, NoDeviceError, WorkerStartError
 
 __version__ = "0.1.0"
 
@@ -19,6 +19,7 @@ __all__ = [
     "GDataSet",
     "LocalGPUCluster",
     "NoDeviceError",
+    "WorkerStartError",
     "from_array",
     "from_dask_array",
     "from_dataframe",

@@ -2,16 +2,117 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
+import math
+import multiprocessing
+import numbers
+import time
+import warnings
 from typing import Any
 
+import dask
+from dask.utils import format_bytes, parse_timedelta
 from distributed import LocalCluster
+from distributed.core import Status
+from distributed.deploy.cluster import Cluster
 
-from gdask import config
-from gdask.devices import DeviceSpec, make_specs
+from gdask import GDaskWarning, WorkerStartError, config
+from gdask.devices import DeviceSpec, make_specs, parse_size
 
-__all__ = ["LocalGPUCluster"]
+__all__ = ["LocalGPUCluster", "WorkerStartError"]
+
+#: the smallest device memory that holds a useful block; smaller values are typing mistakes
+#: (``device_memory=1.5`` meant "1.5GiB")
+_MIN_DEVICE_MEMORY = 2**20
+
+MAIN_GUARD_HINT = (
+    "Worker processes are started with 'spawn': each re-imports the script that created the cluster, so a "
+    "script must start the cluster (and its work) under 'if __name__ == \"__main__\":', and be a file (not "
+    "standard input)."
+)
+
+
+def _bootstrapping() -> bool:
+    """Whether this process is a spawned child still importing its parent's main module (the
+    script creates a cluster at import time: it has no ``if __name__ == "__main__":`` guard)."""
+    return bool(getattr(multiprocessing.current_process(), "_inheriting", False))
+
+
+def _check_device_memory(value: Any) -> None:
+    """Device memory given by the user: a whole number of bytes, at least 1 MiB; an emulated
+    device's pool lives in host memory, so more than this machine's memory is refused."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (str, numbers.Real)):
+        raise TypeError(f"device_memory must be bytes (an integer) or a string like '2GiB', got {value!r}")
+    if isinstance(value, numbers.Real) and (not math.isfinite(value) or value != int(value)):
+        raise ValueError(f"device_memory={value!r} is not a whole number of bytes; give an integer or a string "
+                         f"like '{value:g}GiB'" if math.isfinite(value) else
+                         f"device_memory must be a finite number of bytes, got {value!r}")
+    nbytes = parse_size(value, name="device_memory")
+    if nbytes < _MIN_DEVICE_MEMORY:
+        raise ValueError(f"device_memory={value!r} is {format_bytes(nbytes)}, less than the "
+                         f"{format_bytes(_MIN_DEVICE_MEMORY)} a device needs; did you mean '{value}GiB'?")
+
+
+def _check_host_memory(specs: list[DeviceSpec]) -> None:
+    """Emulated pools are host memory: one device larger than the machine is an error, all of them
+    together larger than it a warning (the budgets are limits, used only as data arrives)."""
+    from distributed.system import MEMORY_LIMIT
+
+    emulated = [s for s in specs if s.backend == "emulated"]
+    if not emulated or not MEMORY_LIMIT:
+        return
+    largest = max(s.memory for s in emulated)
+    if largest > MEMORY_LIMIT:
+        raise ValueError(f"device_memory of {format_bytes(largest)} per emulated device is more than this machine's "
+                         f"memory ({format_bytes(MEMORY_LIMIT)}): emulated devices keep their blocks in host memory; "
+                         "ask for less")
+    total = sum(s.memory for s in emulated)
+    if total > MEMORY_LIMIT:
+        warnings.warn(f"{len(emulated)} emulated devices of {format_bytes(largest)} ({format_bytes(total)} together) "
+                      f"are more than this machine's memory ({format_bytes(MEMORY_LIMIT)}); filling them all would "
+                      "run the machine out of memory", GDaskWarning, stacklevel=3)
+
+
+def _check_speeds(speeds: Any) -> None:
+    if speeds is None:
+        return
+    for s in speeds:
+        if isinstance(s, bool) or not isinstance(s, numbers.Real) or not math.isfinite(s) or s <= 0:
+            raise ValueError(f"device_speeds must be finite numbers > 0 (1.0 = full speed), got {list(speeds)!r}")
+
+
+def _check_pool_size(value: Any) -> None:
+    if value is None or isinstance(value, str):
+        return  # strings are parsed (and refused with the value) by the device plugin
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"rmm_pool_size must be bytes, a string like '40GiB', a fraction of the device's memory in "
+                         f"(0, 1], or None; got {value!r}")
+
+
+def _reasons(exc: BaseException) -> list[str]:
+    """The messages along an exception's chain of causes, outermost first."""
+    out, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        text = " ".join(str(exc).split())
+        out.append(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+        exc = exc.__cause__ or exc.__context__
+    return out
+
+
+def _start_error(exc: BaseException, n: int) -> WorkerStartError:
+    reasons = _reasons(exc)
+    msg = f"LocalGPUCluster: its {n} worker(s) did not all start: " + " <- ".join(reasons)
+    # a worker process that died before it could report its own error: most often a script without the
+    # guard (its child re-imported it and failed there: that error is printed above this one)
+    if any("bootstrapping phase" in r or "__main__" in r or "failed to start worker process" in r for r in reasons):
+        msg += (". The worker process ended before it could report its error (see the output above). "
+                + MAIN_GUARD_HINT)
+    return WorkerStartError(msg)
 
 
 class LocalGPUCluster(LocalCluster):
@@ -55,6 +156,21 @@ class LocalGPUCluster(LocalCluster):
     **kwargs
         Passed to :class:`distributed.LocalCluster` (``dashboard_address``, ``memory_limit``, ...).
 
+    Raises
+    ------
+    WorkerStartError
+        A worker did not start (within config ``gdask.timeouts.cluster-start`` seconds): the message
+        holds the worker's own error, and says when the cause is a script without an
+        ``if __name__ == "__main__":`` guard (worker processes re-import the main script).
+    ValueError
+        An invalid device setting (``device_memory`` not a whole number of bytes or under 1 MiB, more
+        than the machine's memory per emulated device, non-finite ``device_speeds``, ...).
+
+    Notes
+    -----
+    Worker processes are *spawned*: in a script, create the cluster under
+    ``if __name__ == "__main__":``.
+
     Examples
     --------
     >>> from distributed import Client
@@ -77,17 +193,24 @@ class LocalGPUCluster(LocalCluster):
         adaptive_streams: bool | str | None = None,
         **kwargs: Any,
     ) -> None:
+        if _bootstrapping():
+            raise RuntimeError("LocalGPUCluster was created while a worker process was starting: the worker "
+                               "re-imported the script that creates the cluster. " + MAIN_GUARD_HINT)
         for bad in ("n_workers", "threads_per_worker", "processes", "worker_class"):
             if bad in kwargs:
                 raise TypeError(
                     f"LocalGPUCluster sets {bad!r} itself (one worker process per device); "
                     "use n_devices= and streams= instead"
                 )
+        _check_device_memory(device_memory)
+        _check_speeds(device_speeds)
+        _check_pool_size(rmm_pool_size)
         self.device_specs: list[DeviceSpec] = make_specs(
             n_devices, backend=backend, device_memory=device_memory, device_speeds=device_speeds,
             bandwidth=bandwidth, streams=streams,
         )
         self.backend = self.device_specs[0].backend
+        _check_host_memory(self.device_specs)
         self._spec_by_name = {i: s for i, s in enumerate(self.device_specs)}
         from gdask.scheduling import scheduler_plugins, worker_plugins
 
@@ -113,8 +236,61 @@ class LocalGPUCluster(LocalCluster):
             skw["plugins"] = [*(skw.get("plugins") or ()), self.placement, self.jobs]
             kwargs["scheduler_kwargs"] = skw
         super().__init__(n_workers=0, threads_per_worker=streams, processes=True, **kwargs)
-        self.scale(len(self.device_specs))
-        self.sync(self._correct_state)
+        n = len(self.device_specs)
+        try:
+            # not ``scale``: it starts the workers in a callback whose errors are only logged
+            for _ in range(n):
+                self.worker_spec.update(self.new_worker_spec())
+            self.sync(self._correct_state)  # raises the nanny's error when a worker fails to start
+            self.wait_for_workers(n, timeout=float(config.get("timeouts.cluster-start", 120)))
+        except Exception as e:
+            try:
+                self.close()
+            except Exception as close_error:  # noqa: BLE001 - the start error is the one to report
+                logging.getLogger("gdask").debug("closing a cluster that did not start: %r", close_error)
+            raise _start_error(e, n) from e
+
+    def _update_worker_status(self, op: str, msg: Any) -> None:
+        """Scheduler updates. A worker that left is given ``distributed.deploy.lost-worker-timeout``
+        to come back (its nanny restarts a process that died); then, while its nanny still has a live
+        process (a restart under way), the check repeats, for at most config
+        ``gdask.timeouts.cluster-start`` seconds. A nanny without a live process (it could not restart
+        the worker) is closed and the device gets a new worker (``_correct_state``).
+
+        Stock ``SpecCluster`` closes the nanny after the timeout whenever the name is absent, also when
+        the worker, killed once, is killed again during the next restart: the device was lost for good."""
+        if op != "remove":
+            return super()._update_worker_status(op, msg)
+        name = self.scheduler_info["workers"][msg]["name"]
+        Cluster._update_worker_status(self, op, msg)  # forget the worker (not SpecCluster's rule)
+        delay = parse_timedelta(dask.config.get("distributed.deploy.lost-worker-timeout"))
+        give_up = time.monotonic() + float(config.get("timeouts.cluster-start", 120))
+        loop = asyncio.get_running_loop()
+
+        def check() -> None:
+            nanny = self.workers.get(name)
+            if (nanny is None or self.status in (Status.closing, Status.closed)
+                    or any(d["name"] == name for d in self.scheduler_info["workers"].values())):
+                return  # back (or gone with the cluster)
+            process = getattr(nanny, "process", None)
+            alive = process is not None and process.is_alive()
+            if alive and time.monotonic() < give_up:
+                loop.call_later(delay, check)  # its nanny is still restarting it
+                return
+            logging.getLogger("gdask").warning("LocalGPUCluster: worker %r did not come back (its nanny %s); "
+                                               "starting a new one for its device", name,
+                                               "has no live process" if not alive else "took too long")
+            del self.workers[name]
+            self._futures.add(asyncio.ensure_future(self._replace(nanny)))
+
+        loop.call_later(delay, check)
+
+    async def _replace(self, nanny: Any) -> None:
+        try:
+            await nanny.close()
+        finally:
+            if self.status not in (Status.closing, Status.closed):
+                await self._correct_state()  # the name is still in worker_spec: a new worker for it
 
     def new_worker_spec(self) -> dict[Any, dict[str, Any]]:
         free = [i for i in self._spec_by_name if i not in self.worker_spec]

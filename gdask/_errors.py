@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["DeviceMemoryError", "GDaskWarning", "NoDeviceError"]
+__all__ = ["DeviceMemoryError", "GDaskWarning", "NoDeviceError", "WorkerStartError"]
 
 
 class DeviceMemoryError(MemoryError):
@@ -18,3 +18,7 @@ class NoDeviceError(RuntimeError):
 
 class GDaskWarning(UserWarning):
     """Warnings issued by gdask."""
+
+
+class WorkerStartError(RuntimeError):
+    """A cluster's worker process did not start; the message holds the worker's own error."""

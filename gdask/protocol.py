@@ -8,7 +8,7 @@ place). This module imports nothing, so every layer of gdask can use it.
 from __future__ import annotations
 
 __all__ = [
-    "ANN_GPU", "ANN_JOB", "ANN_JOB_KIND",
+    "ANN_GPU", "ANN_JOB", "ANN_JOB_KIND", "ANN_JOB_SECRET",
     "EVENT_JOB_TASK",
     "HANDLER_COLLECTIVE", "HANDLER_COLLECTIVE_ABORT", "HANDLER_DEVICE_TABLE", "HANDLER_JOBS",
     "HANDLER_JOB_CLOSE", "HANDLER_JOB_OPEN", "HANDLER_OBSERVE", "HANDLER_PLACEMENT_STATS", "HANDLER_STATE",
@@ -51,6 +51,10 @@ ANN_GPU = "gdask_gpu"
 ANN_JOB = "gdask_job"
 #: the job's kind: jobs of one kind share their measured profile
 ANN_JOB_KIND = "gdask_job_kind"
+#: the secret the scheduler granted the job when it opened: a task annotated with a job's name but
+#: not its secret is not that job's (not placed on its devices, not counted in its memory; keys made
+#: under it differ from the job's), so a job cannot read or claim another job's blocks by name
+ANN_JOB_SECRET = "gdask_job_secret"
 
 # -- events (``worker.log_event(topic, msg)`` -> ``SchedulerPlugin.log_event``) ----------------------
 #: per-task measurement of a job task (duration, co-runners, device usage)

@@ -1,10 +1,12 @@
 """The iteration channel: loop state goes to the workers once per iteration, by version.
 
 Instead of embedding the state (centroids, weights, rank vectors) in every task of every
-iteration's graph, the channel broadcasts each *changed* part once to every worker
-(``client.scatter(..., broadcast=True, hash=True)``) and tasks reference it by its key (a small
-token). A part whose content did not change keeps its key and is not sent again, so tasks that
-depend only on unchanged parts keep their fingerprints and GTracker reuses their results.
+iteration's graph, the channel sends each *changed* part once, as a small task that holds it (key
+derived from its content), and tasks reference it by its key (a small token). A part whose content
+did not change keeps its key and is not sent again, so tasks that depend only on unchanged parts
+keep their fingerprints and GTracker reuses their results. Parts are tasks, not scattered data: the
+scheduler keeps each part's task, so a part lost with a worker is computed again (lineage) instead
+of failing every task that reads it.
 """
 
 from __future__ import annotations
@@ -12,8 +14,14 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from dask.base import tokenize
+from dask.task_spec import Task
 
 __all__ = ["IterationChannel"]
+
+
+def _part(x: Any) -> Any:
+    """A published part: the task that holds it (rerun from the scheduler's copy when lost)."""
+    return x
 
 
 def _nbytes(x: Any) -> int:
@@ -78,7 +86,9 @@ class IterationChannel:
         nworkers = self._n_workers() if send else 0
         sent = 0
         if send:
-            futs = self.client.scatter([parts[j] for j in send], broadcast=True, hash=True)
+            keys = [f"channel-{name}-{tokens[j]}" for j in send]
+            dsk = {k: Task(k, _part, parts[j]) for k, j in zip(keys, send)}
+            futs = self.client.get(dsk, keys, sync=False)
             for j, f in zip(send, futs):
                 # old versions are dropped, not release()d: equal parts share one Future object
                 self._parts[(name, j)] = (tokens[j], f)

@@ -256,7 +256,7 @@ def run_on_workers(client: Any, func: Callable[..., Any], peers: Sequence[str], 
                 raise CollectiveError(f"{name} on the workers failed: {exc!r}") from (
                     exc if isinstance(exc, BaseException) else None)
             if all(f.status == "finished" for f in futures):
-                return client.gather(futures)
+                return _results(futures, start_timeout, name)
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + check_workers
                 gone = set(peers) - set(client.scheduler_info(n_workers=-1)["workers"])
@@ -265,6 +265,22 @@ def run_on_workers(client: Any, func: Callable[..., Any], peers: Sequence[str], 
     except BaseException as e:
         _stop(client, token, peers, futures, f"stopped by the client: {e!r}")
         raise
+
+
+def _results(futures: list, timeout: float, name: str) -> list[Any]:
+    """The finished tasks' results, each fetched within ``timeout`` seconds: a result lost with its
+    worker after the task finished cannot come back (the task may run on that worker only), and
+    ``client.gather`` would wait for it forever."""
+    from distributed.client import FutureCancelledError
+
+    out = []
+    for rank, f in enumerate(futures):
+        try:
+            out.append(f.result(timeout=timeout))
+        except (TimeoutError, FutureCancelledError) as e:
+            raise CollectiveError(f"{name} on the workers: the result of rank {rank} was lost with its worker "
+                                  f"({type(e).__name__}; not back within {timeout:g} s)") from None
+    return out
 
 
 def _stop(client: Any, token: str, peers: list[str], futures: list, reason: str) -> None:

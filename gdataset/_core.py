@@ -113,7 +113,9 @@ class _Operands:
             if host.nbytes <= _EMBED_BYTES:
                 self.args.append(("value", a))
             else:
-                key = "operand-" + tokenize(a, dask.get_annotations().get("gdask_job"))
+                from gdask.scheduling import job_salt
+
+                key = "operand-" + tokenize(a, *job_salt())
                 self.graph[key] = DataNode(key, a)
                 self.args.append(("ref", key))
             self.metas.append(np.broadcast_to(np.zeros((), dtype=host.dtype), host.shape))
@@ -392,7 +394,8 @@ class GDataSet(DaskMethodsMixin):
         name : str, optional
             Key prefix; defaults to the function's name.
         """
-        return _elemwise(func, self, *args, dtype=dtype, ncols=ncols, name=name, kwargs=kwargs)
+        return _elemwise(_RowsChecked(func), self, *args, dtype=dtype, ncols=ncols, name=name or _fname(func),
+                         kwargs=kwargs)
 
     def reduce_blocks(self, chunk: Callable[..., Any], combine: Callable[[list], Any], *args: Any,
                       finalize: Callable[[Any], Any] | None = None, split_every: int = 8,
@@ -458,8 +461,11 @@ class GDataSet(DaskMethodsMixin):
         )
 
     def astype(self, dtype: Any) -> GDataSet:
-        return _elemwise(_blocks.block_astype, self, np.dtype(dtype), dtype=np.dtype(dtype), ncols=self.ncols,
-                         name="astype")
+        dtype = np.dtype(dtype)
+        if dtype.kind not in "biuf":
+            raise TypeError(f"GDataSet blocks must have a numeric (bool, integer or float) dtype; astype({dtype}) "
+                            "is not one. Compute to NumPy first for strings or objects.")
+        return _elemwise(_blocks.block_astype, self, dtype, dtype=dtype, ncols=self.ncols, name="astype")
 
     def __getitem__(self, index: Any) -> GDataSet:
         """``X[:, ...]`` indexes within rows (``X[:, j]``, ``X[:, -1, :]``); ``X[rows]`` /
@@ -602,6 +608,27 @@ def _apply_ufunc(*args, ufunc, **kwargs):
         raise TypeError(f"NumPy's {ufunc.__name__}{' with ' + str(sorted(kwargs)) if kwargs else ''} has no array "
                         f"API equivalent in {xp.__name__}; use X.map_blocks with the namespace's functions")
     return fn(*args)
+
+
+class _RowsChecked:
+    """A :meth:`GDataSet.map_blocks` kernel whose result must have its block's rows (the result is
+    blocked like the input: a kernel that drops or adds rows would silently misalign it)."""
+
+    def __init__(self, func: Callable[..., Any]) -> None:
+        self.func = func
+        self.__name__ = _fname(func)
+
+    def __dask_tokenize__(self) -> Any:
+        return ("rows-checked", tokenize(self.func))
+
+    def __call__(self, blk: Any, *args: Any, **kwargs: Any) -> Any:
+        out = self.func(blk, *args, **kwargs)
+        rows = getattr(out, "shape", ())[:1]
+        if rows != blk.shape[:1]:
+            raise ValueError(f"map_blocks: {self.__name__} returned {'a scalar' if not rows else f'{rows[0]} rows'} "
+                             f"for a block of {blk.shape[0]} rows; a kernel must return one row per input row "
+                             "(use reduce_blocks for per-block results)")
+        return out
 
 
 def _argmin1(b):

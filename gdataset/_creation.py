@@ -67,12 +67,11 @@ def _split(n: int, block_rows: int) -> tuple[int, ...]:
 
 
 def _job_salt() -> tuple:
-    """Inside ``gdask.job(...)``: the job's name, so that a job's blocks have keys of their own
-    (one job never reads another job's cached blocks); elsewhere nothing (keys unchanged)."""
-    import dask
+    """Inside ``gdask.job(...)``: the job's name and secret, so that a job's blocks have keys of their
+    own (one job never reads another job's cached blocks, nor names them); elsewhere nothing."""
+    from gdask.scheduling import job_salt
 
-    job = dask.get_annotations().get("gdask_job")
-    return () if job is None else ("gdask-job", job)
+    return job_salt()
 
 
 def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None) -> GDataSet:
@@ -89,7 +88,8 @@ def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None
         least 8 blocks for large data. A sequence gives every block's rows, e.g. ``Y.row_blocks``
         to block ``x`` like another GDataSet ``Y``.
     name : str, optional
-        Key prefix; the default is derived from the content, so the same data gives the same keys.
+        Key prefix (default ``"from-array"``); the rest of the key is derived from the content, so the
+        same data gives the same keys and other data under the same name gets other keys.
 
     Returns
     -------
@@ -113,6 +113,10 @@ def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None
     if mod == "numpy":
         if hasattr(x, "dtypes") and hasattr(x, "columns"):
             return from_dataframe(x, block_rows=block_rows)
+        if _is_sparse(x):
+            raise TypeError(f"from_array does not take sparse matrices ({type(x).__name__} of shape "
+                            f"{getattr(x, 'shape', '?')}): GDataSet blocks are dense. Convert with x.toarray() if it "
+                            "fits in memory.")
         x = np.asarray(x)
     if x.ndim not in (1, 2, 3):
         raise ValueError(f"from_array needs a 1-D, 2-D or 3-D array (rows = samples; 3-D: (n, T, f) sequences), "
@@ -130,7 +134,10 @@ def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None
             raise ValueError(f"block_rows {_short_rows(rows)} add up to {sum(rows)} rows, but the array has {n}")
     else:
         rows = _split(n, _check_block_rows(block_rows))
-    name = name or f"from-array-{tokenize(x, rows, *_job_salt())}"
+    if name is not None and (not isinstance(name, str) or not name):
+        raise TypeError(f"name must be a non-empty string (a key prefix), got {name!r}")
+    # the name is a prefix: keys always name the content, so the same name with other data is another dataset
+    name = f"{name or 'from-array'}-{tokenize(x, rows, *_job_salt())}"
     layer = {}
     start = 0
     for i, r in enumerate(rows):
@@ -138,6 +145,12 @@ def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None
         start += r
     graph = HighLevelGraph.from_collections(name, device_layer(layer, "to_device"), dependencies=())
     return GDataSet(graph, name, rows, x.shape[1:] or None, x.dtype, _device_backend(mod))
+
+
+def _is_sparse(x: Any) -> bool:
+    """scipy.sparse matrices and arrays, pydata sparse, CuPy sparse (checked without importing them)."""
+    mod = type(x).__module__.split(".")[0]
+    return (mod in ("scipy", "sparse", "cupyx") and hasattr(x, "nnz")) or hasattr(x, "todense") and hasattr(x, "nnz")
 
 
 def _short_rows(rows) -> str:

@@ -251,9 +251,9 @@ class _ClientContext(LoopContext):
             from gdask.window_cache import scan
 
             with scan(self.ref.__dask_keys__(), self._passes):
-                results = dask.compute(*outs)
+                results = bounded_compute(outs, f"pass {self._passes} ({prefix}) of a {self.mode} loop")
         else:
-            results = dask.compute(*outs)
+            results = bounded_compute(outs, f"pass {self._passes} ({prefix}) of a {self.mode} loop")
         self._passes += 1
         by_block = {b: r for g, res in zip(groups, results) for b, r in zip(g, res)}
         return [by_block[b] for b in wanted]
@@ -283,6 +283,25 @@ def _window_bytes_h2d() -> int | None:
     except Exception as e:  # noqa: BLE001 - progress must not end a fit: the record just lacks the field
         logger.debug("could not read the window stores' transfer counters: %r", e)
         return None
+
+
+def bounded_compute(collections: Sequence[Any], what: str) -> tuple:
+    """``dask.compute(*collections)``, waiting at most config ``gdask.timeouts.pass`` seconds for a
+    Client's cluster (else :class:`TimeoutError` naming ``what`` and the setting; the pass's tasks
+    are cancelled). Without a Client: Dask's local scheduler."""
+    client = _client_or_none()
+    if client is None:
+        return dask.compute(*collections)
+    from distributed import wait
+
+    limit = float(config.get("timeouts.pass", 3600))
+    futures = client.compute(list(collections))
+    try:
+        wait(futures, timeout=limit)
+    except TimeoutError:
+        client.cancel(futures)
+        raise TimeoutError(f"{what} did not finish within {limit:g} s (gdask.timeouts.pass)") from None
+    return tuple(client.gather(futures))
 
 
 def _blocks_name(func: Callable) -> str:
@@ -734,12 +753,15 @@ def _run_on_workers(algorithm: IterativeAlgorithm, datasets: dict, groups: list[
                                        topic, lazy) for a in peers],
                                      name=algorithm.name, on_poll=drain)
         except CollectiveError:
+            # where the fit resumes: the checkpoints the events brought, and the newest one the
+            # survivors kept (the failure may overtake their last events on the way here)
             drain()
             _newest_checkpoint(client, token, seen, record)
             raise
     finally:
+        drain()
         client.unsubscribe_topic(topic)
-    drain()
+        drain()
     r0 = results[0]
     # records the events did not bring in time (the driver's own count is authoritative)
     if r0["iteration"] > seen["iteration"]:

@@ -65,12 +65,12 @@ def block_workers(x, client=None, wait_ready: bool = False) -> tuple[dict[int, s
         return await asyncio.gather(client.scheduler.who_has(keys=keys), client.scheduler.ncores())
 
     if wait_ready:
-        limit = float(config.get("timeouts.persist", 300))
+        limit = float(config.get("timeouts.blocks", 600))
         try:
             wait(futures, timeout=limit)
         except TimeoutError:
-            raise TimeoutError(f"the blocks of {x.name} were still being computed after {limit:g} s "
-                               "(config gdask.timeouts.persist)") from None
+            raise TimeoutError(f"the persisted blocks of {x.name} were not all computed within {limit:g} s "
+                               "(gdask.timeouts.blocks)") from None
         failed = next((f for f in futures if f.status == "error"), None)
         if failed is not None:  # a block could not be made: say why, rather than "not persisted"
             raise failed.exception()

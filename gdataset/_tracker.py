@@ -24,15 +24,17 @@ from collections import Counter
 from typing import Any, Iterable
 
 import dask
+import dask.threaded
 from dask.base import tokenize
 from dask.core import flatten
 from dask.task_spec import Alias, DataNode, Task, TaskRef
 from dask.utils import key_split, parse_bytes
+from distributed import wait
 
 from gdask import config, protocol
 from gdask.gdataset._cachepolicy import ReusePolicy
 
-__all__ = ["GTracker", "incremental", "ExecutionLog", "active_tracker"]
+__all__ = ["GTracker", "incremental", "ExecutionLog", "active_tracker", "tracked_get"]
 
 _PLUGIN_NAME = protocol.PLUGIN_EXECUTION_LOG
 _ACTIVE: list[GTracker] = []
@@ -41,6 +43,27 @@ _ACTIVE: list[GTracker] = []
 def active_tracker() -> GTracker | None:
     """The innermost active tracker, or ``None``."""
     return _ACTIVE[-1] if _ACTIVE else None
+
+
+def tracked_get(dsk: Any, keys: Any, **kwargs: Any) -> Any:
+    """The Dask scheduler function installed while a tracker is active: the innermost active
+    tracker's :meth:`GTracker.get`.
+
+    dask.config holds this module-level function, never a tracker's bound method: a nanny pickles
+    the config to restart a worker, and a bound method holding a Client cannot be pickled (the
+    worker would never come back). In a process without an active tracker (a worker started with
+    that config) it is the usual choice: the current Client, else Dask's threaded scheduler.
+    """
+    tracker = active_tracker()
+    if tracker is not None:
+        return tracker.get(dsk, keys, **kwargs)
+    try:
+        from distributed import get_client
+
+        client = get_client()
+    except (ImportError, ValueError):
+        return dask.threaded.get(dsk, keys, **kwargs)
+    return client.get(dsk, keys, **kwargs)
 
 
 # -- scheduler side: what actually ran -----------------------------------------------------------
@@ -228,7 +251,7 @@ class GTracker:
     def activate(self) -> GTracker:
         """Route ``.compute()`` / ``dask.compute`` through this tracker (done on creation)."""
         if self._config is None:
-            self._config = dask.config.set(scheduler=self.get, array_optimize=_cull_only,
+            self._config = dask.config.set(scheduler=tracked_get, array_optimize=_cull_only,
                                            delayed_optimize=_cull_only)
             _ACTIVE.append(self)
         return self
@@ -339,7 +362,14 @@ class GTracker:
         by_key = dict(zip(run_keys, futures))
         out_set = set(flat)
         try:
-            results = self.client.gather([by_key[k] if k in by_key else self._futures[fps[k]] for k in flat])
+            wanted = [by_key[k] if k in by_key else self._futures[fps[k]] for k in flat]
+            limit = float(config.get("timeouts.pass", 3600))
+            try:
+                wait(wanted, timeout=limit)
+            except TimeoutError:
+                raise TimeoutError(f"a tracked computation (computation {now}, {len(run)} tasks to run) did not "
+                                   f"finish within {limit:g} s (gdask.timeouts.pass)") from None
+            results = self.client.gather(wanted)
         finally:
             for k, f in by_key.items():  # cache every computed result
                 fp = fps[k]
@@ -374,8 +404,12 @@ class GTracker:
 
     def compute(self, *collections: Any, **kwargs: Any) -> tuple:
         """``dask.compute`` through this tracker (also when it is not the active one)."""
-        with dask.config.set(scheduler=self.get, array_optimize=_cull_only, delayed_optimize=_cull_only):
-            return dask.compute(*collections, **kwargs)
+        _ACTIVE.append(self)  # innermost while it computes
+        try:
+            with dask.config.set(scheduler=tracked_get, array_optimize=_cull_only, delayed_optimize=_cull_only):
+                return dask.compute(*collections, **kwargs)
+        finally:
+            _ACTIVE.remove(self)
 
 
 def _default_budget(client: Any) -> int:

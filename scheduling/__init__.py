@@ -13,7 +13,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from gdask.scheduling._client import Job, current_job, device_table, ensure_plugins, job, jobs, report_work
+from gdask.scheduling._client import (
+    Job,
+    current_job,
+    device_table,
+    ensure_plugins,
+    job,
+    job_salt,
+    jobs,
+    report_work,
+)
 from gdask.scheduling._executor import StreamThreadPoolExecutor
 from gdask.scheduling._interference import InterferenceModel, JobProfile
 from gdask.scheduling._mapping import makespan, proportional_mapping, rebalance_plan
@@ -54,7 +63,8 @@ __all__ = [
     "ShareError", "ShareExceededError", "ShareLedger", "StreamController", "StreamSettings",
     "StreamThreadPoolExecutor", "Topology", "current_job", "dask_setup", "device_info", "device_rows",
     "device_score", "device_table", "ensure_plugins", "first_fit", "install_stream_executor", "is_gpu_task",
-    "job", "jobs", "jobs_table", "link_rank", "makespan", "parse_pool_size", "place", "proportional_mapping",
+    "job", "job_salt", "jobs", "jobs_table",
+    "link_rank", "makespan", "parse_pool_size", "place", "proportional_mapping",
     "rebalance_plan", "scheduler_plugins", "stream_settings", "whole_device", "worker_plugins",
 ]
 

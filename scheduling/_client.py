@@ -24,7 +24,7 @@ from gdask.scheduling._interference import JobProfile
 from gdask.scheduling._sharing import JobRequest
 from gdask.scheduling._worker_jobs import set_limit
 
-__all__ = ["Job", "current_job", "device_table", "ensure_plugins", "job", "jobs", "report_work"]
+__all__ = ["Job", "current_job", "device_table", "ensure_plugins", "job", "job_salt", "jobs", "report_work"]
 
 
 def current_job() -> str | None:
@@ -42,6 +42,16 @@ def current_job() -> str | None:
     except ValueError:  # not on a worker
         pass
     return dask.get_annotations().get(protocol.ANN_JOB)
+
+
+def job_salt() -> tuple:
+    """What makes keys job-private: inside ``gdask.job(...)`` the job's name and the secret the
+    scheduler granted it (GDataSets created there get keys no other job can name); elsewhere
+    nothing (keys unchanged). A ``dask.annotate(gdask_job=...)`` without the secret salts with
+    ``None``: its keys are not the job's."""
+    ann = dask.get_annotations()
+    job = ann.get(protocol.ANN_JOB)
+    return () if job is None else ("gdask-job", job, ann.get(protocol.ANN_JOB_SECRET))
 
 
 #: client -> names of the plugins known to be installed on its cluster (the one "once per client" cache)
@@ -134,9 +144,10 @@ def _annotate_with(job: Job | None) -> None:
     the other annotations: unlike ``with dask.annotate``, this lets jobs close in any order."""
     from dask.base import _annotations
 
-    ann = {k: v for k, v in dask.get_annotations().items() if k not in (protocol.ANN_JOB, protocol.ANN_JOB_KIND)}
+    ours = (protocol.ANN_JOB, protocol.ANN_JOB_KIND, protocol.ANN_JOB_SECRET)
+    ann = {k: v for k, v in dask.get_annotations().items() if k not in ours}
     if job is not None:
-        ann.update({protocol.ANN_JOB: job.name, protocol.ANN_JOB_KIND: job.kind})
+        ann.update({protocol.ANN_JOB: job.name, protocol.ANN_JOB_KIND: job.kind, protocol.ANN_JOB_SECRET: job.secret})
     _annotations.set(ann or None)
 
 
@@ -169,6 +180,7 @@ class Job:
         self.timeout = timeout
         self.devices: list[str] = []
         self.waited: float | None = None
+        self.secret: str | None = None  # granted by the scheduler when the job opens
         self.status = "new"
 
     def open(self) -> Job:
@@ -181,19 +193,23 @@ class Job:
         prof = None if self.profile is None else {"compute": self.profile.compute, "bandwidth": self.profile.bandwidth,
                                                   "memory": self.profile.memory}
         self.status = "waiting"
+        from gdask import config
+
+        timeout = self.timeout if self.timeout is not None else float(config.get("timeouts.job-open", 3600))
         try:
             info = self.client.sync(getattr(self.client.scheduler, protocol.HANDLER_JOB_OPEN), name=self.name,
                                     gpu=self.gpu,
                                     memory=self.memory, count=self.count, kind=self.kind, profile=prof,
-                                    timeout=self.timeout)
+                                    timeout=timeout)
         except BaseException:
             self.status = "failed"
             raise
         self.devices = list(info["devices"])
         self.memory = int(info["memory"])
         self.waited = float(info["waited"])
+        self.secret = info.get("secret")
         self.status = "running"
-        self.client.run(set_limit, self.name, self.memory, workers=self.devices)
+        self.client.run(set_limit, self.name, self.memory, self.secret, workers=self.devices)
         _open_jobs.set((*_open_jobs.get(), self))
         _annotate_with(self)
         return self
@@ -257,7 +273,8 @@ def job(client: Any = None, gpu: float = 1.0, memory: int | str | None = None, n
     profile : JobProfile, optional
         The job's compute / bandwidth use of a device alone, if known; otherwise measured.
     timeout : float, optional
-        Seconds to wait for a share before raising ``TimeoutError`` (default: forever).
+        Seconds to wait for a share before raising ``TimeoutError`` (default config
+        ``gdask.timeouts.job-open``, an hour).
 
     Raises
     ------

@@ -333,6 +333,10 @@ class StreamThreadPoolExecutor(concurrent.futures.Executor):
                     self._running += 1
                     self._max_running = max(self._max_running, self._running)
                 ok = self._run(item, slot)
+                # drop the finished task now: an idle slot thread would otherwise keep its inputs and
+                # result (device blocks) alive until it takes the next task, and that memory could not
+                # be reclaimed while the next task's inputs are loaded
+                del item
                 with self._cond:
                     if ts is not None and not getattr(ts, "proceed", True):
                         # the task seceded: its slot was given away in _adjust_thread_count

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import secrets
 import time
 from collections import defaultdict, deque
 from typing import Any
@@ -48,7 +49,7 @@ _MIN_SECONDS = 0.002
 
 class _JobRecord:
     __slots__ = ("request", "kind", "devices", "submitted", "started", "finished", "waiter", "count",
-                 "slowdowns", "spilled", "given_profile", "status")
+                 "slowdowns", "spilled", "given_profile", "status", "secret")
 
     def __init__(self, request: JobRequest, kind: str, count: int, given_profile: bool) -> None:
         self.request = request
@@ -63,6 +64,7 @@ class _JobRecord:
         self.spilled = 0
         self.given_profile = given_profile
         self.status = "waiting"
+        self.secret = secrets.token_hex(16)  # granted to the client that opens the job, nobody else
 
 
 class JobScheduler(SchedulerPlugin):
@@ -250,10 +252,12 @@ class JobScheduler(SchedulerPlugin):
                     self.queue.remove(name)
                 rec.status = "timed out"
                 rec.finished = time.time()
-                raise TimeoutError(f"job {name!r} waited {timeout} s for a device share "
+                raise TimeoutError(f"job {name!r} waited {timeout} s for a device share (timeout=, default "
+                                   f"gdask.timeouts.job-open) "
                                    f"(gpu={req.gpu:g}, memory={req.memory} bytes); running: "
                                    f"{[n for n, r in self.records.items() if r.status == 'running']}") from None
-        return {"devices": rec.devices, "memory": req.memory, "waited": (rec.started or time.time()) - rec.submitted}
+        return {"devices": rec.devices, "memory": req.memory, "waited": (rec.started or time.time()) - rec.submitted,
+                "secret": rec.secret}
 
     def _handle_close(self, name: str, **kwargs: Any) -> dict:
         rec = self.records.get(name)
@@ -276,7 +280,8 @@ class JobScheduler(SchedulerPlugin):
         return {"slowdown": _mean(rec.slowdowns)}
 
     def devices_for(self, ts: Any) -> set[str] | None:
-        """The devices a task may run on: its job's devices, or None (not a job task)."""
+        """The devices a task may run on: its job's devices, or None (not a job task, or a task that
+        names a job without its secret: it cannot claim the job's devices)."""
         ann = ts.annotations
         if not ann:
             return None
@@ -284,7 +289,7 @@ class JobScheduler(SchedulerPlugin):
         if name is None:
             return None
         rec = self.records.get(name)
-        if rec is None or not rec.devices:
+        if rec is None or not rec.devices or ann.get(protocol.ANN_JOB_SECRET) != rec.secret:
             return None
         return set(rec.devices)
 

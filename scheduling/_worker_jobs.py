@@ -3,7 +3,10 @@
 It measures every job task (duration, which other jobs ran on the device meanwhile and for how
 long, the device's per-job usage where the device reports it) and reports it to the scheduler as a
 ``gdask-job-task`` event. It also enforces memory requests: when a job's blocks on the device exceed
-its request, *that job's* blocks are moved to the host tier of the window cache.
+its request, *that job's* blocks are moved to the host tier of the window cache, and while a job
+is within its request no other job's allocations evict its blocks (the window store does both,
+told the job of each block and the jobs' requests by this plugin). A task that names a job without
+the secret the scheduler granted it is not that job's.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class JobMonitor(WorkerPlugin):
 
     def __init__(self) -> None:
         self.limits: dict[str, int] = {}
+        self.secrets: dict[str, str] = {}  # jobs with a request on this worker -> their secret
         self.spilled: dict[str, int] = defaultdict(int)
         self._keys: dict[str, dict[Any, None]] = defaultdict(dict)  # job -> its keys in memory, oldest first
         self._running: dict[Any, list] = {}  # key -> [job, start, overlap {job: seconds}, usage at start]
@@ -55,11 +59,25 @@ class JobMonitor(WorkerPlugin):
 
     def setup(self, worker: Any) -> None:
         self.worker = worker
+        if hasattr(worker.data, "job_of"):  # the window store: it enforces requests and protects jobs' blocks
+            worker.data.job_of = self.job_name
 
     def _job_of(self, key: Any) -> tuple[str | None, str | None]:
         ts = self.worker.state.tasks.get(key) if self.worker is not None else None
         ann = (ts.annotations or {}) if ts is not None else {}
-        return ann.get(protocol.ANN_JOB), ann.get(protocol.ANN_JOB_KIND)
+        job = ann.get(protocol.ANN_JOB)
+        if job is not None and job in self.secrets and ann.get(protocol.ANN_JOB_SECRET) != self.secrets[job]:
+            return None, None  # names the job without its secret: not the job's
+        return job, ann.get(protocol.ANN_JOB_KIND)
+
+    def job_name(self, key: Any) -> str | None:
+        """The job of the task (or block) ``key`` on this worker, or None."""
+        return self._job_of(key)[0]
+
+    def _store(self) -> Any:
+        """The worker's data store when it enforces job requests itself (the window store)."""
+        data = getattr(self.worker, "data", None)
+        return data if hasattr(data, "set_job_limit") else None
 
     def _usage(self, job: str) -> dict[str, float] | None:
         plugin = self.worker.plugins.get(protocol.PLUGIN_DEVICE) if self.worker is not None else None
@@ -116,7 +134,7 @@ class JobMonitor(WorkerPlugin):
         prefix = key_split(key) if ts is None else ts.prefix
         msg = {"job": job, "kind": kind or job, "prefix": str(prefix), "worker": self.worker.address,
                "duration": duration, "others": {j: s / duration for j, s in overlap.items()} if duration > 0 else {},
-               "spilled": self.spilled.get(job, 0), "resident": self.usage(job)}
+               "spilled": self.spilled_bytes(job), "resident": self.usage(job)}
         usage1 = self._usage(job) if usage0 is not None else None
         if usage0 is not None and usage1 is not None:
             msg["usage"] = {k: usage1[k] - usage0[k] for k in ("active", "compute", "bandwidth")}
@@ -125,7 +143,14 @@ class JobMonitor(WorkerPlugin):
         except Exception:  # pragma: no cover - reporting is best effort
             logger.debug("gdask-jobs: could not report %r", key, exc_info=True)
 
+    def spilled_bytes(self, job: str) -> int:
+        """Bytes of ``job``'s blocks moved to the host to keep it within its request so far."""
+        store = self._store()
+        return self.spilled.get(job, 0) + (store.job_spilled.get(job, 0) if store is not None else 0)
+
     def _enforce(self, job: str) -> None:
+        if self._store() is not None:
+            return  # the window store enforces the request as the job's blocks arrive
         limit = self.limits.get(job)
         data = getattr(self.worker, "data", None)
         spill = getattr(data, "spill", None)
@@ -143,21 +168,31 @@ class JobMonitor(WorkerPlugin):
 
     def usage(self, job: str) -> int:
         """Bytes of ``job``'s blocks on this worker's device now."""
+        store = self._store()
+        if store is not None:
+            return store.job_usage(job)
         size = getattr(getattr(self.worker, "data", None), "device_bytes", None)
         return sum(size(k) for k in self._keys.get(job, ())) if size is not None else 0
 
 
-def set_limit(name: str, nbytes: int | None, dask_worker: Any = None) -> bool:
+def set_limit(name: str, nbytes: int | None, secret: str | None = None, dask_worker: Any = None) -> bool:
     """(on a worker, through ``client.run``) Set or clear (``None``) the device memory request of
-    job ``name``; whether the worker can enforce it (its data store can spill)."""
+    job ``name`` (and the secret its tasks carry); whether the worker can enforce it (its data store
+    can spill)."""
     mon = dask_worker.plugins.get(JobMonitor.name)
     if mon is None:
         return False
+    store = mon._store()
     if nbytes is None:
         mon.limits.pop(name, None)
         mon._keys.pop(name, None)
+        mon.secrets.pop(name, None)
     else:
         mon.limits[name] = int(nbytes)
+        if secret is not None:
+            mon.secrets[name] = secret
+    if store is not None:
+        store.set_job_limit(name, None if nbytes is None else int(nbytes))
     return getattr(getattr(dask_worker, "data", None), "spill", None) is not None
 
 

@@ -40,6 +40,7 @@ CASES = {
     "cycles": ["--cycles", "1", "--sharing", "0", "--rows", "20000"],
     "lstm": ["--tasks", "sine", "--rows", "600", "--test-rows", "100", "--timesteps", "6", "--hidden", "4",
              "--epochs", "2", "--batch-size", "64"],
+    "chaos": ["--quick", "--kills", "2"],
     "incremental": ["--rows", "4000", "--features", "4", "--blocks", "4", "--iterations", "3", "--refit-blocks", "8",
                     "--refit-block-rows", "100", "--nodes", "4000", "--graph-blocks", "2", "--p-back", "0.05"],
 }
@@ -77,6 +78,17 @@ def _check_sharing(d):
     assert real["slowdowns"] and all(s["median"] > 0 for s in real["slowdowns"])
     assert set(real["profiles"]) == {"gemm", "stream", "mixed"}
     assert {r["policy"] for r in d["results"]} == {"whole-device", "first-fit", "gdask"}
+
+
+def _check_chaos(d):
+    rows = {r["scenario"]: r for r in d["rows"]}
+    kills = [r for r in d["runs"] if r["part"] == "kill"]
+    assert len(kills) == 2 and all(r["restarted"] for r in kills)  # each run had its kill, the worker came back
+    assert {"pressure 2x: op chains", "pressure 4x: kmeans", "two jobs on one device"} <= set(rows)
+    for r in rows.values():  # correctness holds at any size: the figures that are not timings
+        assert r["wrong"] == 0 and r["hangs"] == 0 and r["survived"] == r["runs"], r
+        assert r["host_peak"] > 0
+    assert d["pass"] is True
 
 
 def _check_logistic(d):
@@ -118,8 +130,7 @@ def _check_load_balance(d):
 #: benchmarks with a --plot figure (gdask.plot)
 PLOTS = ("load_balance", "window", "sharing")
 
-CHECKS = {"window": _check_window, "sharing": _check_sharing, "logistic": _check_logistic,
-          "incremental": _check_incremental, "load_balance": _check_load_balance, "cycles": _check_cycles}
+
 def _check_lstm(d):
     rows = {r["impl"]: r for r in d["results"] if r["task"] == "sine"}
     assert set(rows) == {"a", "b", "c"}
@@ -133,7 +144,8 @@ def _check_lstm(d):
 
 
 CHECKS = {"window": _check_window, "lstm": _check_lstm, "sharing": _check_sharing, "logistic": _check_logistic,
-          "incremental": _check_incremental, "load_balance": _check_load_balance}
+          "incremental": _check_incremental, "load_balance": _check_load_balance, "cycles": _check_cycles,
+          "chaos": _check_chaos}
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ device at once: per-block tasks are what let a window work.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import weakref
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable, Hashable, Iterator
 
+import numpy as np
 from dask.sizeof import sizeof
 from dask.utils import format_bytes
 
@@ -36,9 +38,49 @@ __all__ = ["State", "WindowCacheMemoryError", "WindowStore", "make_room", "use_w
 
 Key = Hashable
 
-#: how long a demand load waits for device memory held by running tasks before the reader gets the
-#: host copy instead (s)
+#: how long a demand load for a transfer to another worker (not for a task) waits for device memory
+#: held by running tasks before it sends the host copy (s)
 _WAIT_FOR_MEMORY = 0.5
+
+
+def _in_use(e: _Entry) -> bool:
+    """Whether something besides the store holds the entry's device array (a running task reads it,
+    or a view of it): evicting it would free no memory until that reader is done. The store's own
+    reference and ``getrefcount``'s argument count 2."""
+    return e.device is not None and sys.getrefcount(e.device) > 2
+
+
+def _reader() -> tuple[str, Any]:
+    """Who reads (a distributed worker reads its data store on its event loop): ``("task", ts)``
+    when it assembles the inputs of task ``ts`` (``Worker.execute``), ``("transfer", None)`` when it
+    sends data to another worker (``Worker.get_data``: served from the host copy, as loading a block
+    onto the device only to send it would pin device memory for the whole transfer), else
+    ``("other", None)`` (direct use of the store: a read as a task's)."""
+    frame = sys._getframe(2)  # _getframe(0) = here, 1 = __getitem__, 2 = the reader
+    for _ in range(2):  # get_data reads in a comprehension (its own frame before Python 3.12)
+        if frame is None:
+            break
+        name = frame.f_code.co_name
+        if name == "execute":
+            return "task", frame.f_locals.get("ts")
+        if name == "get_data":
+            return "transfer", None
+        frame = frame.f_back
+    return "other", None
+
+
+def _aligned(value: Any) -> Any:
+    """An array as its own aligned copy when its data is not aligned to its item size (data received
+    from another worker is deserialized at any offset of the message's buffer). NumPy computes on
+    misaligned arrays without BLAS, summing in another order: the same block would give other bits
+    depending on where it was computed (placement must not change results)."""
+    if isinstance(value, np.ndarray) and not value.flags.aligned:
+        return np.copy(value, order="K")
+    return value
+
+
+def _memory_timeout() -> float:
+    return float(config.get("timeouts.memory", 5))
 
 _COUNTERS = ("reads", "hits", "misses", "prefetch_hits", "host_reads", "prefetches", "prefetch_dropped", "evictions",
              "bytes_h2d", "bytes_d2h", "bytes_to_disk", "bytes_from_disk", "passes")
@@ -64,10 +106,11 @@ class _Entry:
     device: Any = None
     host: Any = None
     disk: str | None = None
-    pending: Any = None  # device buffer being filled
-    inflight: threading.Event | None = None
+    pending: Any = None  # (device buffer being filled, its host source), set with ``inflight``
+    inflight: threading.Event | None = None  # set while one load (demand or prefetch) owns the entry
     prefetched: bool = False  # brought by a prefetch and not read since
     deleted: bool = False
+    job: str | None = None  # the gdask.job the block belongs to (its memory request is enforced here)
 
     @property
     def state(self) -> State:
@@ -191,11 +234,18 @@ class WindowStore(MutableMapping):
         self._entries: dict[Key, _Entry] = {}
         self._resident: dict[Key, int] = {}  # blocks on the device -> bytes
         self._resident_bytes = 0
+        #: ``job_of(key) -> job name or None`` (set by the worker's job monitor); device memory
+        #: requests of jobs by name (``job_limits``), their blocks' device bytes and what was spilled
+        self.job_of: Callable[[Key], str | None] | None = None
+        self.job_limits: dict[str, int] = {}
+        self._job_bytes: dict[str, int] = {}
+        self.job_spilled: dict[str, int] = {}
         self._inflight_bytes = 0
         self._host_bytes = 0
         self._largest = 0
         self._draining: list[tuple[Any, int]] = []
         self._lock = threading.RLock()
+        self._checked: Any = None  # the last task whose inputs were checked (_check_inputs)
         self._queue: deque[tuple[Key, _Entry]] = deque()
         self._cond = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
@@ -231,7 +281,21 @@ class WindowStore(MutableMapping):
         device.remove_reclaimer(self._reclaim)
 
     def _reclaim(self, nbytes: int, device: Any) -> int:
-        return self.evict_bytes(nbytes)
+        """The device's request for room (an allocation failed): evict blocks that no running task
+        reads, so the memory is free at once, never blocks of another job within its request.
+        Returns the bytes freed."""
+        return self.evict_bytes(nbytes, job=self._running_job(), free_now=True)
+
+    def _running_job(self) -> str | None:
+        """The job of the task running in this thread (whose allocation asks for room)."""
+        if self.job_of is None:
+            return None
+        try:
+            from distributed.worker import thread_state
+        except ImportError:  # pragma: no cover - distributed is a dependency
+            return None
+        key = getattr(thread_state, "key", None)
+        return None if key is None else self.job_of(key)
 
     # -- mapping protocol ------------------------------------------------------------------------
     def __setitem__(self, key: Key, value: Any) -> None:
@@ -239,18 +303,20 @@ class WindowStore(MutableMapping):
             del self[key]
         tier = self.tier
         if tier is None or not tier.owns(value):
-            self._plain[key] = value
+            self._plain[key] = _aligned(value)
             return
         nbytes = int(self._size(value))
+        job = self.job_of(key) if self.job_of is not None else None
         with self._lock:
-            e = _Entry(nbytes=nbytes, device=value)
+            e = _Entry(nbytes=nbytes, device=value, job=job)
             self._entries[key] = e
-            self._resident[key] = nbytes
-            self._resident_bytes += nbytes
+            self._add_resident(key, e)
             self._largest = max(self._largest, nbytes)
             self.policy.on_insert(key)
-            # a new device block: get back within the window (it may itself go to the host)
-            self._fit(protect=())
+            # a new device block: a job over its request spills its own blocks; then get back within
+            # the window (it may itself go to the host)
+            self._enforce_job(job)
+            self._fit(protect=(), job=job)
             self._sample()
 
     def __getitem__(self, key: Key) -> Any:
@@ -265,7 +331,14 @@ class WindowStore(MutableMapping):
             if self.policy.on_read(key):
                 self.counters["passes"] += 1
                 self._sample()
-            if e.device is not None:
+            reader, ts = ("other", None) if e.device is not None else _reader()
+            if ts is not None and self._tier is not None:
+                self._check_inputs(ts)
+            if e.device is None and e.inflight is None and reader == "transfer":
+                # to another worker: the host copy, without a copy to the device
+                self.counters["host_reads"] += 1
+                value = self._host_value(e)
+            elif e.device is not None:
                 value = e.device
                 if e.prefetched:
                     e.prefetched = False
@@ -275,20 +348,8 @@ class WindowStore(MutableMapping):
                     self.counters["hits"] += 1
                     hook = self._on_hit
             else:
-                ev = e.inflight
                 t0 = time.perf_counter()
-                if ev is None:  # demand load: the reader waits for the copy
-                    self.counters["misses"] += 1
-                    value = self._demand_load(key, e)
-                else:  # a prefetch is copying it: wait for that copy
-                    self.counters["prefetch_hits"] += 1
-                    self._lock.release()
-                    try:
-                        ev.wait()
-                    finally:
-                        self._lock.acquire()
-                    # that copy failed (or the block was evicted again at once): load it now
-                    value = e.device if e.device is not None else self._demand_load(key, e)
+                value = self._wait_or_load(key, e)
                 e.prefetched = False
                 self.stall_time += time.perf_counter() - t0
                 hook = self._on_miss
@@ -296,6 +357,36 @@ class WindowStore(MutableMapping):
         if hook is not None:
             hook(key, e.nbytes)
         return value
+
+    def _wait_or_load(self, key: Key, e: _Entry) -> Any:
+        """The device copy of a block not on the device (lock held): wait for the load that owns the
+        entry, if any, else load it. Re-checked after every wait: the block may have been evicted
+        again, and another reader's load may own the entry by then."""
+        limit = float(config.get("timeouts.block-copy", 120))
+        deadline = time.monotonic() + limit
+        first = True
+        while True:
+            if e.device is not None:
+                return e.device
+            if e.deleted:
+                raise KeyError(key)
+            ev = e.inflight
+            if ev is None:  # demand load: the reader waits for the copy
+                if first:
+                    self.counters["misses"] += 1
+                return self._demand_load(key, e)
+            if first:  # a prefetch (or another reader) is copying it: wait for that copy
+                self.counters["prefetch_hits"] += 1
+            first = False
+            self._lock.release()
+            try:
+                done = ev.wait(max(0.0, deadline - time.monotonic()))
+            finally:
+                self._lock.acquire()
+            if not done:
+                raise WindowCacheMemoryError(
+                    f"block {key!r} of {format_bytes(e.nbytes)}: its copy to the device did not finish within "
+                    f"{limit:g} s (gdask.timeouts.block-copy)")
 
     def __delitem__(self, key: Key) -> None:
         if key in self._plain:
@@ -305,8 +396,8 @@ class WindowStore(MutableMapping):
             e = self._entries.pop(key)
             e.deleted = True
             self.policy.on_remove(key)
-            if self._resident.pop(key, None) is not None:
-                self._resident_bytes -= e.nbytes
+            if key in self._resident:
+                self._remove_resident(key, e)
                 e.device = None
             self._drop_lower_tiers(e)
 
@@ -345,15 +436,44 @@ class WindowStore(MutableMapping):
             self.policy.hint([k for k in keys if k in self._entries])
             self._schedule_prefetch()
 
-    def evict_bytes(self, nbytes: int) -> int:
-        """Evict blocks (furthest needed first) until ``nbytes`` are evicted; returns the bytes."""
+    def evict_bytes(self, nbytes: int, *, job: str | None = None, free_now: bool = False) -> int:
+        """Evict blocks (furthest needed first) until ``nbytes`` are evicted; returns the bytes.
+
+        Blocks of another job that is within its memory request are never evicted (``job``: the job
+        that asks for the room, whose own blocks may go). ``free_now``: only blocks no running task
+        reads (evicting the others frees nothing until their readers finish)."""
         with self._lock:
-            victims = self.policy.victims(dict(self._resident), max(0, nbytes))
+            victims = self.policy.victims(self._evictable((), job=job, free_now=free_now), max(0, nbytes))
             got = 0
             for k in victims:
                 got += self._resident[k]
                 self._evict(k)
             return got
+
+    def set_job_limit(self, job: str, nbytes: int | None) -> None:
+        """Set (or clear, ``None``) the device memory request of ``job``: beyond it the job's own
+        blocks move to the host, and other jobs' allocations never evict its blocks while it is
+        within it."""
+        with self._lock:
+            if nbytes is None:
+                self.job_limits.pop(job, None)
+            else:
+                self.job_limits[job] = int(nbytes)
+                self._enforce_job(job)
+
+    def job_usage(self, job: str) -> int:
+        """Device bytes of ``job``'s blocks now."""
+        return self._job_bytes.get(job, 0)
+
+    def memory_report(self) -> str:
+        """Where the device memory this store knows about is: for out-of-memory errors."""
+        with self._lock:
+            busy = sum(n for k, n in self._resident.items() if _in_use(self._entries[k]))
+            jobs = ", ".join(f"job {j!r} {format_bytes(n)} (request {format_bytes(self.job_limits[j])})"
+                             for j, n in self._job_bytes.items() if n and j in self.job_limits)
+            return (f"the window cache holds {format_bytes(self._resident_bytes)} in {len(self._resident)} blocks "
+                    f"({format_bytes(busy)} of them read by running tasks), {format_bytes(self._draining_bytes())} "
+                    f"of evicted blocks are still read by running tasks" + (f"; {jobs}" if jobs else ""))
 
     def spill(self, key: Key) -> int:
         """Move ``key``'s device copy to the host tier now; returns the device bytes freed (0 when
@@ -363,6 +483,9 @@ class WindowStore(MutableMapping):
             if n is None:
                 return 0
             self._evict(key)
+            e = self._entries[key]
+            if e.job is not None:
+                self.job_spilled[e.job] = self.job_spilled.get(e.job, 0) + n
             return n
 
     def device_bytes(self, key: Key) -> int:
@@ -468,20 +591,67 @@ class WindowStore(MutableMapping):
             else:
                 self.window.append(sample)
 
-    def _fit(self, protect) -> None:
+    def _add_resident(self, key: Key, e: _Entry) -> None:
+        self._resident[key] = e.nbytes
+        self._resident_bytes += e.nbytes
+        if e.job is not None:
+            self._job_bytes[e.job] = self._job_bytes.get(e.job, 0) + e.nbytes
+
+    def _remove_resident(self, key: Key, e: _Entry) -> None:
+        del self._resident[key]
+        self._resident_bytes -= e.nbytes
+        if e.job is not None:
+            left = self._job_bytes.get(e.job, 0) - e.nbytes
+            if left > 0:
+                self._job_bytes[e.job] = left
+            else:
+                self._job_bytes.pop(e.job, None)
+
+    def _protected_jobs(self, job: str | None) -> set[str]:
+        """Jobs within their memory request, other than ``job``: their blocks are never evicted for
+        someone else's room."""
+        return {j for j, limit in self.job_limits.items() if j != job and self._job_bytes.get(j, 0) <= limit}
+
+    def _evictable(self, protect, *, job: str | None = None, free_now: bool = False) -> dict[Key, int]:
+        """Resident blocks that may be evicted to make room for ``job`` (lock held)."""
+        keep = self._protected_jobs(job)
+        out = {}
+        for k, n in self._resident.items():
+            if k in protect:
+                continue
+            e = self._entries[k]
+            if e.job is not None and e.job in keep:
+                continue
+            if free_now and _in_use(e):
+                continue
+            out[k] = n
+        return out
+
+    def _enforce_job(self, job: str | None, protect=()) -> None:
+        """A job over its memory request moves its own blocks (furthest needed first) to the host."""
+        if job is None or job not in self.job_limits:
+            return
+        over = self._job_bytes.get(job, 0) - self.job_limits[job]
+        if over <= 0:
+            return
+        mine = {k: n for k, n in self._resident.items() if self._entries[k].job == job and k not in protect}
+        for k in self.policy.victims(mine, over):
+            n = self._resident[k]
+            self._evict(k)
+            self.job_spilled[job] = self.job_spilled.get(job, 0) + n
+
+    def _fit(self, protect, job: str | None = None) -> None:
         """Evict until the reserve is free again (after something new landed on the device)."""
         while self._room() < 0:
-            cand = {k: n for k, n in self._resident.items() if k not in protect}
-            victims = self.policy.victims(cand, -self._room())
+            victims = self.policy.victims(self._evictable(protect, job=job), -self._room())
             if not victims:
                 return
             for k in victims:
                 self._evict(k)
 
-    def _make_room(self, need: int, *, before: float | None, protect) -> bool:
+    def _make_room(self, need: int, *, before: float | None, protect, job: str | None = None) -> bool:
         while self._room() < need:
-            cand = {k: n for k, n in self._resident.items() if k not in protect}
-            victims = self.policy.victims(cand, need - self._room(), before=before)
+            victims = self.policy.victims(self._evictable(protect, job=job), need - self._room(), before=before)
             if not victims:
                 return False
             for k in victims:
@@ -495,10 +665,9 @@ class WindowStore(MutableMapping):
             e.host = self._tier.to_host(dev)
             self._host_bytes += e.nbytes
             self.counters["bytes_d2h"] += e.nbytes
+        self._remove_resident(key, e)
         e.device = None
         e.prefetched = False
-        del self._resident[key]
-        self._resident_bytes -= e.nbytes
         try:
             self._draining.append((weakref.ref(dev), e.nbytes))
         except TypeError:
@@ -527,16 +696,18 @@ class WindowStore(MutableMapping):
     def _host_value(self, e: _Entry) -> Any:
         if e.host is not None:
             return e.host
-        value = self._disk.read(e.disk)
+        value = _aligned(self._disk.read(e.disk))
         self.counters["bytes_from_disk"] += e.nbytes
         return value
 
     def _demand_load(self, key: Key, e: _Entry) -> Any:
         """Copy ``key`` to the device for a reader (lock held, released during the copy). When the
-        device stays full of blocks that running tasks (or a transfer to another worker) hold,
-        the reader gets the host copy instead of an out-of-memory error (counted in
-        ``host_reads``)."""
+        device stays full of blocks that running tasks hold, the reader gets the host copy instead of
+        an out-of-memory error (counted in ``host_reads``): the reader runs on the worker's event
+        loop, where waiting long would also keep finished tasks from releasing their memory."""
         if not self._begin_load(key, e, prefetch=False):
+            if e.deleted:
+                raise KeyError(key)
             self.counters["host_reads"] += 1
             return self._host_value(e)
         self._lock.release()
@@ -551,8 +722,13 @@ class WindowStore(MutableMapping):
     def _begin_load(self, key: Key, e: _Entry, *, prefetch: bool) -> bool:
         """Make room and allocate the device buffer of ``key``; the copy is done by
         :meth:`_finish_load` without the lock. Prefetches give up (False) rather than evict a block
-        needed sooner; demand loads evict whatever is needed, wait for memory held by running
-        tasks, and raise :class:`WindowCacheMemoryError` when the block can never fit."""
+        needed sooner; demand loads evict whatever is needed, wait a little for memory held by
+        running tasks, and raise :class:`WindowCacheMemoryError` when the block can never fit.
+
+        From its first line the load owns the entry (``e.inflight``): the lock is released while it
+        waits for memory, and another reader or the prefetch thread must not start a second load
+        of the same block meanwhile (two loads of one entry raced: one ended with
+        ``e.inflight = None`` under the other)."""
         n = e.nbytes
         budget = self._tier.budget
         reserve = self.size_policy.reserve_bytes(budget, 0)
@@ -562,58 +738,89 @@ class WindowStore(MutableMapping):
                 f"{format_bytes(budget)} of device memory minus a reserve of {format_bytes(reserve)}. Use "
                 "smaller blocks (block_rows=...), more devices, or a smaller gdask.window-cache.reserve."
             )
-        before = self.policy.order.next_use(key) if prefetch and hasattr(self.policy, "order") else None
-        if not self._make_room(n, before=before, protect={key}) and prefetch:
-            return False
-        host = self._host_value(e)
-        deadline = time.monotonic() + _WAIT_FOR_MEMORY
-        while True:
-            try:
-                dev = self._tier.alloc(host)
-                break
-            except DeviceMemoryError:
-                if prefetch:
-                    return False
-                if self._resident and not self._draining_bytes():
-                    self.evict_bytes(n)
-                    continue
-                if self._resident and time.monotonic() > deadline - _WAIT_FOR_MEMORY + 0.02:
-                    self.evict_bytes(n)  # running tasks keep their blocks a while: evict more
-                    continue
-                if time.monotonic() > deadline:
-                    return False  # the device stays full of blocks in use: the reader gets the host copy
-                self._lock.release()
+        ev = threading.Event()
+        e.inflight = ev
+        ok = False
+        try:
+            before = self.policy.order.next_use(key) if prefetch and hasattr(self.policy, "order") else None
+            if not self._make_room(n, before=before, protect={key}, job=e.job) and prefetch:
+                return False
+            host = self._host_value(e)
+            deadline = time.monotonic() + _WAIT_FOR_MEMORY
+            evicted_busy = False
+            while True:
                 try:
-                    time.sleep(0.005)
-                finally:
-                    self._lock.acquire()
-        e.pending = (dev, host)
-        e.inflight = threading.Event()
-        self._inflight_bytes += n
-        return True
+                    dev = self._tier.alloc(host)
+                    break
+                except DeviceMemoryError:
+                    if prefetch or e.deleted:
+                        return False
+                    if self.evict_bytes(n, job=e.job, free_now=True):
+                        continue  # blocks no task reads: their memory is free at once
+                    if not evicted_busy:  # blocks that running tasks read free their memory when those end
+                        evicted_busy = bool(self.evict_bytes(n, job=e.job))
+                    if time.monotonic() > deadline:
+                        return False  # the device stays full of blocks in use: the reader gets the host copy
+                    self._lock.release()
+                    try:
+                        time.sleep(0.005)
+                    finally:
+                        self._lock.acquire()
+            if e.deleted:
+                return False
+            e.pending = (dev, host, ev)
+            self._inflight_bytes += n
+            ok = True
+            return True
+        finally:
+            if not ok:
+                if e.inflight is ev:
+                    e.inflight = None
+                ev.set()
+
+    def _check_inputs(self, ts: Any) -> None:
+        """Raise when the device blocks task ``ts`` reads cannot all be on the device at once (lock
+        held; checked once per task, at its first read)."""
+        if ts.key == self._checked:
+            return
+        self._checked = ts.key
+        blocks = [self._entries[d.key].nbytes for d in ts.dependencies if d.key in self._entries]
+        total = sum(blocks)
+        budget = self._tier.budget
+        reserve = self.size_policy.reserve_bytes(budget, 0)
+        if total > budget - reserve:
+            raise WindowCacheMemoryError(
+                f"task {ts.key!r} reads {len(blocks)} device blocks of {format_bytes(total)} in all (the largest "
+                f"{format_bytes(max(blocks))}), more than the device's {format_bytes(budget)} minus a reserve of "
+                f"{format_bytes(reserve)}: a task needs all its input blocks on the device at once. Use smaller blocks "
+                "(block_rows=...), tasks that read fewer blocks, or more device memory.")
 
     def _finish_load(self, key: Key, e: _Entry) -> None:
-        dev, host = e.pending
+        """The copy of a load begun by :meth:`_begin_load` (its owner calls this once); wakes the
+        readers that wait for it."""
+        dev, host, ev = e.pending
         try:
             self._tier.copy_to_device(dev, host)
         except BaseException:
             with self._lock:
                 e.pending = None
                 self._inflight_bytes -= e.nbytes
-                ev, e.inflight = e.inflight, None
+                if e.inflight is ev:
+                    e.inflight = None
                 ev.set()
             raise
         with self._lock:
             e.pending = None
             self._inflight_bytes -= e.nbytes
             self.counters["bytes_h2d"] += e.nbytes
-            ev, e.inflight = e.inflight, None
+            if e.inflight is ev:
+                e.inflight = None
             if not e.deleted:
                 e.device = dev
-                self._resident[key] = e.nbytes
-                self._resident_bytes += e.nbytes
+                self._add_resident(key, e)
                 if not self.host_copy:  # exclusive tiers: the device copy is the only one
                     self._drop_lower_tiers(e)
+                self._enforce_job(e.job, protect={key})
             ev.set()
 
     def _schedule_prefetch(self) -> None:

@@ -8,7 +8,9 @@ allocation that does not fit, on any backend, asks them for room and is retried 
 
 from __future__ import annotations
 
+import gc
 import threading
+import time
 import weakref
 from typing import Any, Callable, TypeVar
 
@@ -59,21 +61,49 @@ class DeviceBase:
 
     def with_room(self, nbytes: int, alloc: Callable[[], T], what: str = "an allocation") -> T:
         """``alloc()``; when it raises :class:`~gdask.DeviceMemoryError`, ask the reclaimers for
-        ``nbytes`` and retry once. The final error says what was asked, what is in use and what the
-        reclaimers could free."""
+        ``nbytes`` and retry; while they can free nothing, wait for memory that running tasks hold
+        (at most config ``gdask.timeouts.memory`` seconds) and retry. The final error says what
+        was asked, what is in use and where the memory is (the reclaimers' reports).
+
+        No exception is kept across the retries (only its message): an exception held in a local
+        makes a cycle with this frame, which would keep ``alloc``'s arrays charged until the garbage
+        collector runs."""
         try:
             return alloc()
-        except DeviceMemoryError as first:
-            freed = self.reclaim(nbytes) if nbytes <= self.budget else 0
-            if freed <= 0:
-                raise DeviceMemoryError(f"{first} ({what}; nothing could be moved off the device)") from first
-        try:
-            return alloc()
-        except DeviceMemoryError as second:
-            raise DeviceMemoryError(
-                f"{second} ({what} of {format_bytes(nbytes)}; {format_bytes(freed)} were moved off the device "
-                "and it still does not fit)"
-            ) from second
+        except DeviceMemoryError as e:
+            if nbytes > self.budget:
+                raise DeviceMemoryError(f"{e} ({what}; larger than the whole device)") from None
+            last = str(e)
+        from gdask import config
+
+        limit = float(config.get("timeouts.memory", 5))
+        deadline = time.monotonic() + limit
+        freed = 0
+        pause = 0.002
+        collected = False
+        while True:
+            got = self.reclaim(nbytes)
+            freed += got
+            try:
+                return alloc()
+            except DeviceMemoryError as e:
+                last = str(e)
+            if got > 0:
+                continue
+            if not collected:  # arrays kept only by reference cycles (e.g. tracebacks) hold memory too
+                collected = True
+                gc.collect()
+                continue
+            if time.monotonic() >= deadline:  # nothing more to move off: running tasks hold the memory
+                break
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
+        reports = [r() for r in (getattr(getattr(f, "__self__", None), "memory_report", None)
+                                 for f in self.reclaimers()) if r is not None]
+        raise DeviceMemoryError(
+            f"{last} ({what} of {format_bytes(nbytes)}; {format_bytes(freed)} were moved off the device and it "
+            f"still did not fit after {limit:g} s (gdask.timeouts.memory)" + "".join(f"; {r}" for r in reports) + ")"
+        )
 
     # -- memory -----------------------------------------------------------------------------------
     @property

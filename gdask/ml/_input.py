@@ -3,13 +3,62 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import threading
 import uuid
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import numpy as np
 
 from gdask.devices import array_namespace
 from gdask.gdataset import GDataSet
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: ``.on`` while an estimator method of this thread runs seceded from its worker task (:func:`task_scope`)
+_SECEDED = threading.local()
+
+
+def _in_worker_task() -> bool:
+    """Whether the calling thread runs a task of a distributed worker (e.g. joblib's dask backend
+    calls estimators inside tasks)."""
+    try:
+        from distributed import get_worker
+
+        get_worker()
+    except (ImportError, ValueError):
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def task_scope() -> Iterator[None]:
+    """Let an estimator method compute from inside a worker task: the task secedes from the
+    worker's thread pool for the duration (the method's own tasks need those threads: waiting for
+    them while holding one deadlocked, e.g. ``GridSearchCV`` under ``joblib.parallel_backend("dask")``),
+    submits through the worker's client, and rejoins at the end. Elsewhere it does nothing."""
+    if getattr(_SECEDED, "on", False) or not _in_worker_task():
+        yield
+        return
+    from distributed import worker_client
+
+    _SECEDED.on = True  # methods that call each other secede once
+    try:
+        with worker_client() as client, client.as_current():
+            yield
+    finally:
+        _SECEDED.on = False
+
+
+def in_task_scope(method: F) -> F:
+    """Run an estimator method in :func:`task_scope`."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with task_scope():
+            return method(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 def module_name(x: Any) -> str:

@@ -27,8 +27,8 @@ from gdask.gdataset import (
 )
 from gdask.gdataset import from_dask_array as gdask_from_dask_array
 from gdask.ml import _bounds, _kernels
+from gdask.ml._input import all_finite, estimator_job, in_task_scope
 from gdask.ml._input import check_finite as _check_finite
-from gdask.ml._input import estimator_job
 from gdask.ml._input import is_host_input as _is_host_input
 
 logger = logging.getLogger("gdask.ml")
@@ -353,6 +353,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         return _weighted_kmeanspp(cands.astype(np.float64), weights, k, rng).astype(X.dtype)
 
     # -- fit -----------------------------------------------------------------------------------
+    @in_task_scope
     def fit(self, X: Any, y: Any = None, sample_weight: Any = None) -> KMeans:
         """Compute the clustering.
 
@@ -462,6 +463,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         out = G.map_blocks(_labels_block, self._centers_for(G), dtype=np.int32, ncols=None, name="kmeans-labels")
         return out if isinstance(X, GDataSet) else out.to_dask_array()
 
+    @in_task_scope
     def predict(self, X: Any, sample_weight: Any = None) -> Any:
         """Index of the nearest cluster center for each row: NumPy (CuPy for CuPy input); for a
         GDataSet or dask input a lazy collection blocked like X."""
@@ -475,6 +477,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
     def fit_predict(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
         return self.fit(X, sample_weight=sample_weight).labels_
 
+    @in_task_scope
     def transform(self, X: Any) -> Any:
         """Distances from each row to every center, shape (n_samples, n_clusters); lazy (blocked like
         X) for a GDataSet or dask input."""
@@ -491,6 +494,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
     def fit_transform(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
         return self.fit(X, sample_weight=sample_weight).transform(X)
 
+    @in_task_scope
     def score(self, X: Any, y: Any = None, sample_weight: Any = None) -> float:
         """Opposite of the inertia of X against the fitted centers (higher is better)."""
         self._check_fitted()
@@ -700,10 +704,12 @@ def _bounds_labels_host(blk, centers, token, w=None, history=None, labels=True):
 
 
 def _labels_block(blk, centers):
+    _require_finite(blk)
     return _kernels.assign(blk, centers)[0]
 
 
 def _assign_host(blk, centers):
+    _require_finite(blk)
     labels, mind = _kernels.assign(blk, centers)
     return [(to_numpy(labels), to_numpy(mind))]
 
@@ -713,6 +719,7 @@ def _join_lists(parts):
 
 
 def _distances_block(blk, centers):
+    _require_finite(blk)
     xp = np if isinstance(blk, np.ndarray) else array_namespace(blk)
     c = astype(centers, blk.dtype) if hasattr(centers, "shape") else asarray_like(centers, blk, dtype=blk.dtype)
     d2 = xp.sum(blk * blk, axis=1)[:, None] - 2 * (blk @ c.T) + xp.sum(c * c, axis=1)[None, :]
@@ -721,6 +728,14 @@ def _distances_block(blk, centers):
 
 def _distances_host(blk, centers):
     return to_numpy(_distances_block(blk, centers))
+
+
+def _require_finite(blk) -> None:
+    """Predicting on rows with NaN or infinity raises, as for NumPy input (scikit-learn's check),
+    also when the rows come lazily in blocks (checked in each block's task)."""
+    if not all_finite(blk):
+        raise ValueError(f"Input X contains NaN or infinity (in a block of {blk.shape[0]} rows); remove or impute "
+                         "them before predicting")
 
 
 def _xp_from_host(x):

@@ -23,8 +23,8 @@ from gdask.gdataset import (
 )
 from gdask.gdataset import from_dask_array as gdask_from_dask_array
 from gdask.ml import _logistic_kernels as _k
+from gdask.ml._input import all_finite, estimator_job, in_task_scope
 from gdask.ml._input import check_finite as _check_finite
-from gdask.ml._input import estimator_job
 from gdask.ml._input import is_host_input as _is_host_input
 from gdask.ml._input import module_name as _module
 
@@ -469,6 +469,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
         return np.array([float(cw.get(c, 1.0)) for c in classes.tolist()])
 
     # -- fit -------------------------------------------------------------------------------------
+    @in_task_scope
     def fit(self, X: Any, y: Any, sample_weight: Any = None) -> LogisticRegression:
         """Fit the model.
 
@@ -566,6 +567,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
 
         check_is_fitted(self, "coef_")
 
+    @in_task_scope
     def decision_function(self, X: Any) -> Any:
         """Confidence scores ``X @ coef_.T + intercept_``: shape (n_samples,) for two classes,
         else (n_samples, n_classes). NumPy (CuPy for CuPy input); for a GDataSet or dask input a lazy
@@ -609,9 +611,10 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
         coef, intercept = to_numpy(self.coef_), to_numpy(self.intercept_)
         K = coef.shape[0]
         dtype = np.result_type(G.dtype, coef.dtype)
-        return to_numpy(G.map_blocks(_k.decision, coef, intercept, dtype=dtype, ncols=K,
+        return to_numpy(G.map_blocks(_checked_decision, coef, intercept, dtype=dtype, ncols=K,
                                      name="logreg-decision").compute())
 
+    @in_task_scope
     def predict(self, X: Any) -> Any:
         """Class labels: ``classes_[argmax]`` of the scores. NumPy (CuPy for CuPy input); for a
         GDataSet or dask input with numeric classes, a lazy collection blocked like X."""
@@ -627,6 +630,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
         classes = self.classes_ if xp is np else xp.asarray(self.classes_)
         return classes[idx]
 
+    @in_task_scope
     def predict_proba(self, X: Any) -> Any:
         """Class probabilities, shape (n_samples, n_classes): sigmoid for two classes, softmax else.
         NumPy (CuPy for CuPy input); for a GDataSet or dask input a lazy collection blocked like X."""
@@ -644,6 +648,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
             return np.log(proba)
         return _xp(proba).log(proba)
 
+    @in_task_scope
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
         """Mean accuracy on ``X``, ``y`` (``y`` and weights may be GDataSets or dask arrays)."""
         from sklearn.metrics import accuracy_score
@@ -683,6 +688,15 @@ def _predict_block(X, coef, intercept, classes):
     xp = array_namespace(z)
     idx = xp.astype(z > 0, xp.int64) if z.ndim == 1 else xp.argmax(z, axis=1)
     return xp.take(asarray_like(classes, z), idx)
+
+
+def _checked_decision(X, coef, intercept):
+    """:func:`_logistic_kernels.decision` of one block; NaN or infinity in it raises, as for NumPy
+    input (scikit-learn's check)."""
+    if not all_finite(X):
+        raise ValueError(f"Input X contains NaN or infinity (in a block of {X.shape[0]} rows); remove or impute "
+                         "them before predicting")
+    return _k.decision(X, coef, intercept)
 
 
 def _encode(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -20,6 +20,8 @@ products that read it.
 
 from __future__ import annotations
 
+import uuid
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +35,11 @@ from numba import njit
 __all__ = ["pagerank", "BlockedGraph", "blocked_graph", "sweep_order"]
 
 _METHODS = ("gauss-seidel", "jacobi")
+
+
+def _held(x):
+    """A block of the graph: the task that holds it (rerun from the scheduler's copy when lost)."""
+    return x
 
 
 def _contrib(m, y, inv):
@@ -83,7 +90,8 @@ class BlockedGraph:
 
     ``blocks[i][j]`` is the future of ``M[rows_i, cols_j]`` where ``M = A.T`` (row = destination,
     column = source); ``inv[j]`` the future of the inverse out-degrees of source block ``j``
-    (0 for dangling nodes); ``bounds`` the node ranges of the blocks.
+    (0 for dangling nodes); ``bounds`` the node ranges of the blocks. The futures are of tasks
+    (not scattered data), so blocks lost with a worker are computed again.
     """
 
     n: int
@@ -140,11 +148,21 @@ def blocked_graph(A: Any, nblocks: int | None = None, client: Any = None) -> Blo
         rows_c = rows.tocsc()
         for j in range(nblocks):
             parts.append(rows_c[:, bounds[j]:bounds[j + 1]].tocsr())
-    # per-call keys: content-hashed keys are shared with an earlier call on equal blocks, whose
-    # release may still be under way on the scheduler ("lost dependencies")
-    futs = client.scatter(parts, hash=False)
-    blocks = [futs[i * nblocks:(i + 1) * nblocks] for i in range(nblocks)]
-    inv_f = client.scatter([inv[bounds[j]:bounds[j + 1]] for j in range(nblocks)], broadcast=True, hash=False)
+    # Blocks come from tasks, never ``client.scatter``: the scheduler keeps each task (its block in
+    # the task's arguments), so a block lost with a worker is computed again (lineage); scattered
+    # data is lost for good. Per-call keys: content-hashed keys would be shared with an earlier call
+    # on equal blocks, whose release may still be under way on the scheduler.
+    name = f"pagerank-block-{uuid.uuid4().hex}"
+    dsk = {(name, i, j): Task((name, i, j), _held, parts[i * nblocks + j])
+           for i in range(nblocks) for j in range(nblocks)}
+    dsk.update({(name + "-inv", j): Task((name + "-inv", j), _held, inv[bounds[j]:bounds[j + 1]].copy())
+                for j in range(nblocks)})
+    keys = list(dsk)
+    with warnings.catch_warnings():  # the blocks travel in the graph, once: what this call is for
+        warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
+        futs = dict(zip(keys, client.get(dsk, keys, sync=False)))
+    blocks = [[futs[(name, i, j)] for j in range(nblocks)] for i in range(nblocks)]
+    inv_f = [futs[(name + "-inv", j)] for j in range(nblocks)]
     return BlockedGraph(n=n, bounds=bounds, blocks=blocks, inv=inv_f, nnz=int(A.nnz))
 
 
