@@ -25,7 +25,7 @@ __all__ = ["LocalGPUCluster", "WorkerStartError"]
 
 #: the smallest device memory that holds a useful block; smaller values are typing mistakes
 #: (``device_memory=1.5`` meant "1.5GiB")
-_MIN_DEVICE_MEMORY = 2**20
+_MIN_DEVICE_MEMORY = 2**10  # catches bytes given for GiB (device_memory=4); tests use tiny devices
 
 MAIN_GUARD_HINT = (
     "Worker processes are started with 'spawn': each re-imports the script that created the cluster, so a "
@@ -41,7 +41,7 @@ def _bootstrapping() -> bool:
 
 
 def _check_device_memory(value: Any) -> None:
-    """Device memory given by the user: a whole number of bytes, at least 1 MiB; an emulated
+    """Device memory given by the user: a whole number of bytes, at least 1 KiB; an emulated
     device's pool lives in host memory, so more than this machine's memory is refused."""
     if value is None:
         return

@@ -675,7 +675,7 @@ def _probabilities(scores: Any) -> Any:
 
 
 def _decision_block(X, coef, intercept):
-    z = _k.decision(X, coef, intercept)
+    z = _checked_decision(X, coef, intercept)
     return z[:, 0] if z.shape[1] == 1 else z
 
 

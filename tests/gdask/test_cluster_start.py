@@ -36,7 +36,7 @@ def test_a_script_without_the_main_guard_is_told_about_it(tmp_path):
 
 @pytest.mark.parametrize("kw, match", [
     (dict(device_memory=1.5), "not a whole number of bytes"),
-    (dict(device_memory=1000), "less than the 1.00 MiB"),
+    (dict(device_memory=1000), "less than the 1.00 kiB"),
     (dict(device_memory="1.5"), "did you mean '1.5GiB'"),
     (dict(device_memory="100PiB"), "more than this machine's memory"),
     (dict(device_speeds=[float("inf"), 1.0]), "finite numbers > 0"),

@@ -97,8 +97,9 @@ def test_results_are_charged_per_array_and_released():
 def test_out_of_memory_asks_the_reclaimers_then_names_the_sizes():
     dev = device(budget=2 * NB)
     held = [dev.asarray(np.ones((1024, 16), np.float32)) for _ in range(2)]
-    with pytest.raises(DeviceMemoryError, match="nothing could be moved off the device"):
-        dev.asarray(np.ones((1024, 16), np.float32))
+    with dask.config.set({"gdask.timeouts.memory": 0.05}):
+        with pytest.raises(DeviceMemoryError, match="0 B were moved off the device and it still did not fit"):
+            dev.asarray(np.ones((1024, 16), np.float32))
 
     def reclaim(nbytes, device):
         held.pop()

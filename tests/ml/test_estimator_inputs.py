@@ -47,7 +47,9 @@ def test_predicting_on_blocks_with_nan_raises_like_numpy_input(data):
         km.transform(G).compute()
     lr = LogisticRegression(max_iter=20).fit(X, y)
     with pytest.raises(ValueError, match="Input X contains NaN or infinity"):
-        lr.predict(G)
+        lr.predict(G).compute()  # lazy for a GDataSet: each block's task checks its rows
+    with pytest.raises(ValueError, match="Input X contains NaN or infinity"):
+        lr.predict_proba(G).compute()
     assert (km.predict(gdask.from_array(X, block_rows=100)).compute() == km.predict(X)).all()
 
 
