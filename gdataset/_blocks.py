@@ -12,6 +12,7 @@ against the array API standard (:func:`gdask.devices.array_namespace`), with Num
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import numpy as np
@@ -175,11 +176,13 @@ def _moments_rows(xt, mean, m2):  # pragma: no cover - compiled
         m2[j] = acc
 
 
-def moments(b: Any, axis: int | None) -> tuple[int, Any, Any]:
-    """``(count, mean, M2)`` of one block over ``axis`` (0 or None) in float64, for Chan et al.'s
-    parallel variance. NumPy feature-major float blocks take a numba fast path."""
-    n = b.shape[0] if axis == 0 else _size(b)
-    if (axis == 0 and n and isinstance(b, np.ndarray) and b.ndim == 2 and b.flags.f_contiguous
+def moments(b: Any, axis: int | tuple[int, ...] | None) -> tuple[int, Any, Any]:
+    """``(count, mean, M2)`` of one block over ``axis`` (0, a tuple such as ``(0, 1)`` for rows and
+    time steps of sequences, or None) in float64, for Chan et al.'s parallel variance. NumPy
+    feature-major float blocks take a numba fast path."""
+    axes = tuple(range(b.ndim)) if axis is None else (axis,) if isinstance(axis, int) else tuple(axis)
+    n = math.prod(b.shape[a] for a in axes)
+    if (axes == (0,) and n and isinstance(b, np.ndarray) and b.ndim == 2 and b.flags.f_contiguous
             and b.dtype in (np.float32, np.float64)):
         mean = np.empty(b.shape[1])
         m2 = np.empty(b.shape[1])
@@ -191,15 +194,9 @@ def moments(b: Any, axis: int | None) -> tuple[int, Any, Any]:
         z = xp.sum(bf, axis=axis) * 0
         return (0, z, z)
     mean = xp.mean(bf, axis=axis)
-    dev = bf - mean
+    keep = tuple(None if a in axes else slice(None) for a in range(b.ndim))  # mean broadcast over the axes
+    dev = bf - (mean if axis is None else mean[keep])
     return n, mean, xp.sum(dev * dev, axis=axis)
-
-
-def _size(x: Any) -> int:
-    out = 1
-    for s in x.shape:
-        out *= int(s)
-    return out
 
 
 def concat_blocks(blocks) -> Any:

@@ -676,10 +676,6 @@ def _r_max_combine(parts):
 
 def _r_moment_chunk(b, axis):
     """(count, mean, M2) of one block, in float64 (Chan et al. parallel variance)."""
-    if isinstance(axis, tuple):  # sequences over (rows, time steps)
-        from gdask.gdataset._seq import moments
-
-        return moments(b, axis)
     return _blocks.moments(b, axis)
 
 

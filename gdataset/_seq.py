@@ -14,7 +14,6 @@ transfer between devices), and blocks left without rows are dropped.
 
 from __future__ import annotations
 
-import math
 import numbers
 from typing import Any
 
@@ -23,9 +22,9 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task, TaskRef
 
-from gdask.devices import array_namespace, astype, current_device, is_strict
+from gdask.devices import array_namespace, current_device, is_strict
 
-__all__ = ["is_time_major", "moments", "select_rows", "take_rows", "time_major", "to_device", "to_time_major"]
+__all__ = ["is_time_major", "select_rows", "take_rows", "time_major", "to_device", "to_time_major"]
 
 
 def time_major(b: Any) -> Any:
@@ -61,20 +60,6 @@ def to_device(chunk: Any) -> Any:
     if dev.backend == "emulated-strict":  # strict arrays have no memory layout to choose
         return dev.asarray(chunk)
     return dev.asarray(chunk.transpose(1, 0, 2), order="C").transpose(1, 0, 2)
-
-
-def moments(b: Any, axis: tuple[int, ...]) -> tuple[int, Any, Any]:
-    """``(count, mean, M2)`` of a block over several axes (e.g. ``(0, 1)``: rows and time steps),
-    in float64, for Chan et al.'s parallel variance."""
-    n = math.prod(b.shape[a] for a in axis)
-    xp = array_namespace(b)
-    bf = astype(b, np.float64)
-    if n == 0:
-        z = xp.sum(bf, axis=axis) * 0
-        return (0, z, z)
-    mean = xp.mean(bf, axis=axis)
-    keep = tuple(slice(None) if a not in axis else None for a in range(b.ndim))
-    return n, mean, xp.sum((bf - mean[keep]) ** 2, axis=axis)
 
 
 def take_rows(b: Any, rows: Any) -> Any:
