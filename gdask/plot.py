@@ -40,6 +40,13 @@ def _interactive() -> bool:
     return "ipykernel" in sys.modules or "IPython" in sys.modules
 
 
+def _two_axes(axes: Any) -> tuple[Any, Any]:
+    """The figure and a pair of stacked axes sharing x (new ones unless ``axes`` is given)."""
+    if axes is not None:
+        return axes[0].figure, axes
+    return _pyplot().subplots(2, 1, figsize=(6, 4.5), sharex=True, constrained_layout=True)
+
+
 def _records(fit: Any) -> list[dict]:
     """Per-iteration records from an estimator (``history_``), a result (``history``) or a list."""
     for attr in ("history_", "history"):
@@ -70,11 +77,7 @@ def history(fit: Any, axes: Sequence[Any] | None = None, title: str | None = Non
     recs = _records(fit)
     if not recs:
         raise ValueError("the fit has no per-iteration records (did it run?)")
-    plt = _pyplot()
-    if axes is None:
-        fig, axes = plt.subplots(2, 1, figsize=(6, 4.5), sharex=True, constrained_layout=True)
-    else:
-        fig = axes[0].figure
+    fig, axes = _two_axes(axes)
     it = [r.get("iteration", i + 1) for i, r in enumerate(recs)]
     ms = [1e3 * float(r.get("seconds") or 0.0) for r in recs]
     axes[0].bar(it, ms, color="#4c78a8")
@@ -168,11 +171,7 @@ def window(passes: Sequence[Mapping[str, Any]], axes: Sequence[Any] | None = Non
     passes = list(passes)
     if not passes:
         raise ValueError("no passes to plot")
-    plt = _pyplot()
-    if axes is None:
-        fig, axes = plt.subplots(2, 1, figsize=(6, 4.5), sharex=True, constrained_layout=True)
-    else:
-        fig = axes[0].figure
+    fig, axes = _two_axes(axes)
     x = list(range(1, len(passes) + 1))
     hr = [p.get("hit_rate") for p in passes]
     if any(h is not None for h in hr):
