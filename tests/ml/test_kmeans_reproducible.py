@@ -17,20 +17,30 @@ pytestmark = pytest.mark.timeout(240)
 
 async def move_blocks(keys, n, dask_scheduler=None):
     """(on the scheduler) Move ``n`` of the blocks ``keys`` from the worker holding most of them to
-    another, the way the placement plugin rebalances (its own copy-then-free steps)."""
+    another, the way the placement plugin rebalances (its own copy-then-free steps). A block that a
+    queued task is about to read stays put (as in the plugin), so this tries again for a while
+    until some block has moved; returns how many did."""
+    import asyncio
     import time
     from collections import Counter
 
     p = dask_scheduler.plugins["gdask-placement"]
-    where = {k: sorted(ws.address for ws in dask_scheduler.tasks[k].who_has) for k in keys}
-    src = Counter(h[0] for h in where.values()).most_common(1)[0][0]
-    dst = next(a for a in dask_scheduler.workers if a != src)
-    moving = [(k, h) for k, h in where.items() if h == [src]][:n]
-    drop = await p._move_to(dst, moving)
-    await p._free_on_worker(src, drop.get(src, []), f"test-move-{time.time()}")
-    p.moves += len(drop.get(None, ()))
-    # blocks that left src: copied to dst now, or already copied there (a task's input fetched earlier)
-    return len(set(drop.get(None, ())) | set(drop.get(src, ())))
+    for _ in range(100):  # at most ~5 s
+        where = {k: sorted(ws.address for ws in dask_scheduler.tasks[k].who_has) for k in keys}
+        only = Counter(h[0] for h in where.values() if len(h) == 1)
+        if only:
+            src = only.most_common(1)[0][0]
+            dst = next(a for a in dask_scheduler.workers if a != src)
+            moving = [(k, h) for k, h in where.items() if h == [src]][:n]
+            drop = await p._move_to(dst, moving)
+            await p._free_on_worker(src, drop.get(src, []), f"test-move-{time.time()}")
+            p.moves += len(drop.get(None, ()))
+            # blocks that left src: copied to dst now, or already copied there (fetched earlier)
+            left = len(set(drop.get(None, ())) | set(drop.get(src, ())))
+            if left:
+                return left
+        await asyncio.sleep(0.05)
+    return 0
 
 
 def test_seeded_fits_from_the_client_are_bit_identical_while_blocks_move(capsys):
