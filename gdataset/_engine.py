@@ -386,12 +386,13 @@ class _WorkersContext(LoopContext):
         now = time.perf_counter()
         rec = self._record(record, now - self._t0)
         self._t0 = now
-        # every rank reports (the client keeps the first of each iteration) and keeps its last checkpoint in
-        # its worker's state of this loop: when a worker dies, the client asks the survivors for it, which
-        # does not depend on when their events arrive. Events must be msgpack-able: the state is pickled
+        # every rank keeps its last checkpoint in its worker's state of this loop: when a worker dies, the
+        # client asks the survivors for it, which does not depend on when events arrive. Rank 0 alone sends
+        # it as an event (progress, records; the others' would be duplicates the client drops: one event
+        # per iteration, not one per rank). Events must be msgpack-able: the state is pickled
         payload = pickle.dumps((self.iteration, state, rec), protocol=5)
         _blocks_state(self.comm.worker, self.token)[_CHECKPOINT] = payload
-        if self.topic:
+        if self.topic and self.rank == 0:
             self.comm.worker.log_event(self.topic, {"checkpoint": payload})
 
 
