@@ -73,6 +73,8 @@ def test_ctrl_c_during_a_fit_interrupts_it(tmp_path):
         from distributed import Client
 
         if __name__ == "__main__":
+            # Ctrl-C as in a terminal, also when this runs where SIGINT is ignored (a background job)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             with gdask.LocalGPUCluster(n_devices=2, backend="emulated", device_memory="128MiB",
                                        dashboard_address=":0") as cluster, Client(cluster):
                 X = np.random.default_rng(0).random((100_000, 8), dtype=np.float32)

@@ -23,13 +23,18 @@ def _get(url: str) -> tuple[int, str]:
 @pytest.fixture(scope="module")
 def dashboard():
     """A LocalGPUCluster on the loopback interface after a K-means fit: ``(base url, client)``."""
-    from distributed import Client
+    from distributed import Client, wait
 
     with gdask.LocalGPUCluster(n_devices=2, backend="emulated", device_memory="256MiB", device_speeds=[1.0, 0.5],
                                dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
         x = np.random.default_rng(0).standard_normal((40_000, 8)).astype("float32")
         X = gdask.from_array(x, block_rows=5_000).persist()
         gdask.ml.KMeans(4, random_state=0, max_iter=4).fit(X)
+        # the fit's tasks may fetch X's blocks across workers, and distributed's active memory manager then
+        # drops one of the two copies (it may leave a device without blocks): a fresh dataset is placed by
+        # speed (1 : 0.5), so both devices hold blocks for the page to show
+        Y = gdask.from_array(x[::-1].copy(), block_rows=5_000).persist()
+        wait(Y)
         base = client.dashboard_link.rsplit("/", 1)[0]
         deadline = time.monotonic() + 60  # the workers' counters arrive with their heartbeats
         while True:
