@@ -70,8 +70,9 @@ def _get(token: str, blk: Any) -> BlockBounds | None:
 
 def _put(token: str, blk: Any, st: BlockBounds) -> None:
     space = worker_state(token)
-    for key in [key for key, s in space.items() if s.ref() is None]:  # blocks this process let go
-        del space[key]
+    if id(blk) not in space:  # a block's first state (not every step): drop those of blocks this process let go
+        for key in [key for key, s in space.items() if s.ref() is None]:
+            del space[key]
     space[id(blk)] = st
 
 
