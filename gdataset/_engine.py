@@ -59,6 +59,7 @@ from gdask.gdataset import _blocks
 from gdask.gdataset._collective import CollectiveError, run_on_workers
 from gdask.gdataset._core import GDataSet, _Operands, device_layer
 from gdask.gdataset._progress import Progress
+from gdask.gdataset._repr import default_client_or_none
 
 logger = logging.getLogger("gdask.gdataset")
 
@@ -273,7 +274,7 @@ class _ClientContext(LoopContext):
 
 def _window_bytes_h2d() -> int | None:
     """Bytes the workers' window stores copied to their devices so far (one round trip), or None."""
-    client = _client_or_none()
+    client = default_client_or_none()
     if client is None:
         return None
     from gdask.window_cache import stats
@@ -289,7 +290,7 @@ def bounded_compute(collections: Sequence[Any], what: str) -> tuple:
     """``dask.compute(*collections)``, waiting at most config ``gdask.timeouts.pass`` seconds for a
     Client's cluster (else :class:`TimeoutError` naming ``what`` and the setting; the pass's tasks
     are cancelled). Without a Client: Dask's local scheduler."""
-    client = _client_or_none()
+    client = default_client_or_none()
     if client is None:
         return dask.compute(*collections)
     from distributed import wait
@@ -359,20 +360,30 @@ class _WorkersContext(LoopContext):
         resolved = [blocks.get(a.name) if isinstance(a, Blocks) else _blocks.on_device(a) for a in args]
         return func(*resolved, **kwargs)
 
-    def map(self, func, *args, blocks=None, name=None, **kwargs):
-        if not any(isinstance(a, Blocks) for a in args):
-            raise ValueError("ctx.map needs at least one dataset argument (ctx.data[name])")
-        wanted = None if blocks is None else set(int(b) for b in blocks)
+    def _each_block(self, func, args, kwargs, wanted: set[int] | None = None,
+                    observe: str | None = None) -> list[tuple[int, Any]]:
+        """``[(block, func's host result)]`` over this rank's blocks (those in ``wanted``); each call's
+        duration recorded under ``observe`` when given."""
         dev = _blocks.current_device()
+        # host operands reach the device once per pass, not once per block
+        args = [a if isinstance(a, Blocks) else _blocks.on_device(a, dev) for a in args]
         own = []
         for b, arrays in self.owned:
             if wanted is not None and b not in wanted:
                 continue
             t = time.perf_counter()
             r = _blocks.to_host(dev.compute(self._call, func, args, kwargs, arrays))
-            nbytes = sum(int(getattr(arrays.get(a.name), "nbytes", 0) or 0) for a in args if isinstance(a, Blocks))
-            self.observed.append((name or _blocks_name(func), nbytes, time.perf_counter() - t))
+            if observe is not None:
+                nbytes = sum(int(getattr(arrays.get(a.name), "nbytes", 0) or 0) for a in args if isinstance(a, Blocks))
+                self.observed.append((observe, nbytes, time.perf_counter() - t))
             own.append((b, r))
+        return own
+
+    def map(self, func, *args, blocks=None, name=None, **kwargs):
+        if not any(isinstance(a, Blocks) for a in args):
+            raise ValueError("ctx.map needs at least one dataset argument (ctx.data[name])")
+        wanted = None if blocks is None else set(int(b) for b in blocks)
+        own = self._each_block(func, args, kwargs, wanted, observe=name or _blocks_name(func))
         got = sorted((p for ps in self.comm.allgather(own) for p in ps), key=lambda p: p[0])
         return [r for _, r in got]
 
@@ -463,8 +474,7 @@ def _driver_on_worker(comm: Any, algorithm: IterativeAlgorithm, mine: list, name
     spec = algorithm.final(state)
     if spec is not None:
         func, args, kwargs = spec
-        dev = _blocks.current_device()
-        finals = {b: _blocks.to_host(dev.compute(ctx._call, func, args, kwargs, arrays)) for b, arrays in owned}
+        finals = dict(ctx._each_block(func, args, kwargs))
     return {"state": state, "finals": finals, "observed": ctx.observed, "iteration": ctx.iteration}
 
 
@@ -515,8 +525,7 @@ def _run_here(algorithm: IterativeAlgorithm, datasets: dict, token: str, last: d
     spec = algorithm.final(state)
     if spec is not None:
         func, args, kwargs = spec
-        dev = _blocks.current_device()
-        finals = [_blocks.to_host(dev.compute(ctx._call, func, args, kwargs, arrays)) for _, arrays in owned]
+        finals = [r for _, r in ctx._each_block(func, args, kwargs)]
     return EngineResult(state, finals, "local", [], 0, ctx.iteration)
 
 
@@ -528,15 +537,6 @@ def _retryable(e: CollectiveError) -> bool:
 
 
 # -- the engine ---------------------------------------------------------------------------------------
-def _client_or_none() -> Any:
-    try:
-        from distributed import default_client
-
-        return default_client()
-    except (ImportError, ValueError):
-        return None
-
-
 def _device_memory(client: Any) -> int:
     specs = getattr(getattr(client, "cluster", None), "device_specs", None)
     if specs:  # a LocalGPUCluster in this process knows its devices: no round trip
@@ -550,7 +550,7 @@ def _device_memory(client: Any) -> int:
 def exceeds_devices(nbytes: int, client: Any = None, fraction: float = 0.8) -> bool:
     """Whether ``nbytes`` of data take more than ``fraction`` of the client's devices' memory (then
     loops stream their blocks through the window cache, one task per block)."""
-    client = client if client is not None else _client_or_none()
+    client = client if client is not None else default_client_or_none()
     if client is None:
         return False
     total = _device_memory(client)
@@ -602,7 +602,7 @@ def run_loop(algorithm: IterativeAlgorithm, data: dict[str, GDataSet | None], st
                              f"block_rows=X.row_blocks")
     if mode is not None and (mode not in MODES or mode not in algorithm.modes):
         raise ValueError(f"mode must be one of {algorithm.modes} for {algorithm.name}, got {mode!r}")
-    client = client if client is not None else _client_or_none()
+    client = client if client is not None else default_client_or_none()
     progress = progress or Progress(verbose=0)
     token = uuid.uuid4().hex
     history: list[dict] = []

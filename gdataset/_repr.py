@@ -40,17 +40,23 @@ def groups_of(where: tuple[dict[int, str], dict[str, int]] | None, nblocks: int)
     return groups
 
 
+def default_client_or_none() -> Any:
+    """The current Dask client, or None (no client, or distributed not installed)."""
+    try:
+        from distributed import default_client
+
+        return default_client()
+    except (ImportError, ValueError):
+        return None
+
+
 def block_workers(x, client=None, wait_ready: bool = False) -> tuple[dict[int, str], dict[str, int]] | None:
     """``({block index: worker address}, {worker address: nthreads})`` for the blocks of ``x`` held
     in cluster memory (first holder of each), or ``None`` without a client or persisted blocks.
     ``wait_ready`` waits for blocks still being computed by ``persist``."""
+    client = client if client is not None else default_client_or_none()
     if client is None:
-        try:
-            from distributed import default_client
-
-            client = default_client()
-        except (ImportError, ValueError):
-            return None
+        return None
     from distributed import wait
 
     futures = persisted_futures(x)
@@ -109,14 +115,12 @@ def block_status(x: Any, wait: float = REPR_WAIT) -> dict[int, dict[str, Any]] |
     computed as ``{"worker": None, "tier": "computing"}``; None when ``x`` is not persisted or there
     is no client. Waits at most ``wait`` seconds for blocks still landing after ``persist()``, and
     asks the scheduler and the holding workers once each (a repr must not block a notebook)."""
-    try:
-        from distributed import default_client
-        from distributed import wait as dwait
-        from distributed.utils import TimeoutError as DTimeout
-
-        client = default_client()
-    except (ImportError, ValueError):
+    client = default_client_or_none()
+    if client is None:
         return None
+    from distributed import wait as dwait
+    from distributed.utils import TimeoutError as DTimeout
+
     futures = persisted_futures(x)
     if futures is None:
         return None
