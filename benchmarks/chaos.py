@@ -108,6 +108,14 @@ class MemoryPeak:
 
 
 # -- running with a hang bound -----------------------------------------------------------------------
+def count_run(row: dict, status: str, wrong: bool) -> None:
+    """Count one finished run ("ok", "hang" or an error) in its scenario's row of the table."""
+    row["runs"] += 1
+    row["survived"] += status == "ok"
+    row["hangs"] += status == "hang"
+    row["wrong"] += wrong
+
+
 def run_bounded(func: Callable[[], Any], timeout: float) -> tuple[str, Any]:
     """``("ok", result)``, ``("error", exception)`` or ``("hang", None)`` when ``func`` did not end
     within ``timeout`` seconds (it is left running in its daemon thread)."""
@@ -251,11 +259,8 @@ def kill_part(args, rows: dict, log: list) -> None:
                     raise RuntimeError("the cluster lost a worker without a kill")
                 continue  # the run ended before the kill: not a kill run
             kills += 1
-            row["runs"] += 1
-            row["survived"] += status == "ok"
-            row["hangs"] += status == "hang"
             wrong = status == "ok" and not same_bits(result, refs[name])
-            row["wrong"] += wrong
+            count_run(row, status, wrong)
             back = wait_for_workers(client, n_workers, victim)
             row["killed"] += 1
             row["restarted"] += back
@@ -328,11 +333,8 @@ def pressure_part(args, rows: dict, log: list) -> None:
             with MemoryPeak() as mem:
                 status, result = run_bounded(run, args.hang_timeout)
             row["host_peak"] = max(row["host_peak"], mem.peak)
-            row["runs"] += 1
-            row["survived"] += status == "ok"
-            row["hangs"] += status == "hang"
             wrong = status == "ok" and not same_bits(result, refs[name])
-            row["wrong"] += wrong
+            count_run(row, status, wrong)
             metrics = client.run(lambda dask_worker: dask_worker.data.metrics()).values()
             reads = sum(m["host_reads"] + m["misses"] for m in metrics)
             log.append({"part": "pressure", "scenario": name, "status": status, "wrong": wrong,
@@ -380,16 +382,13 @@ def jobs_part(args, rows: dict, log: list) -> None:
     with MemoryPeak() as mem:
         status, result = run_bounded(run, args.hang_timeout)
     row["host_peak"] = max(row["host_peak"], mem.peak)
-    row["runs"] += 1
-    row["survived"] += status == "ok"
-    row["hangs"] += status == "hang"
     wrong = False
     if status == "ok":
         wrong = not (np.allclose(result["a_sum"], a_data.sum(axis=0))
                      and np.allclose(result["b_sum"], b_data.sum(axis=0))
                      and result["b_on_device"] == b_data.nbytes and result["a_on_device"] <= int(24 * MiB * scale)
                      and result["b_spilled"] == 0)
-    row["wrong"] += wrong
+    count_run(row, status, wrong)
     log.append({"part": "jobs", "scenario": name, "status": status, "wrong": wrong,
                 "result": {k: v for k, v in result.items() if not isinstance(v, np.ndarray)} if status == "ok" else
                 repr(result)})
