@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from gdask.devices import current_device, to_numpy
+from gdask.devices import asarray_like, current_device, to_numpy
 from gdask.gdataset import IterativeAlgorithm, LoopContext, time_major
 from gdask.ml._lstm_parallel import GlobalPlan, ProcessGroup, StreamPlan, training_malloc
 
@@ -438,9 +438,11 @@ def predict_block(block: Any, spec: ModelSpec, flat: Any) -> Any:
         out = model(as_tensor(time_major(block)).to(tdev, _DTYPES[spec.dtype]))
     if isinstance(block, np.ndarray):
         return out.cpu().numpy()
-    import cupy
+    if type(block).__module__.split(".")[0] == "cupy":
+        import cupy
 
-    return cupy.from_dlpack(out)
+        return cupy.from_dlpack(out)  # where torch computed it: no copy
+    return asarray_like(out.cpu().numpy(), block)  # other namespaces (strict devices): copied onto the block's device
 
 
 def flat_params(spec: ModelSpec, params: dict[str, np.ndarray]) -> np.ndarray:
