@@ -126,8 +126,13 @@ def solo_rates(client, args, workload, init):
 def _busy(client, speeds=None):
     """Worker -> (speed, device busy seconds); ``speeds`` (by worker name) replaces the devices'
     own on CUDA, where the heterogeneity is made by the kernels (see ``_spin``)."""
-    out = client.run(lambda dask_worker: (dask_worker.name, dask_worker.gdask_device.spec.speed,
-                                          dask_worker.gdask_device.busy_time))
+    def busy(dask_worker):
+        from gdask.devices import context
+
+        dev = context(dask_worker).device
+        return dask_worker.name, dev.spec.speed, dev.busy_time
+
+    out = client.run(busy)
     return {w: ((speeds[int(n) % len(speeds)] if speeds else sp), busy) for w, (n, sp, busy) in out.items()}
 
 

@@ -135,7 +135,9 @@ def run_job(client, spec: dict, t0: float, out: dict, errors: list) -> None:
 
 def _device_busy(client) -> dict:
     def busy(dask_worker):
-        dev = dask_worker.gdask_device
+        from gdask.devices import context
+
+        dev = context(dask_worker).device
         return dev.clock.busy if getattr(dev, "_clock", None) is not None else 0.0
 
     return client.run(busy)

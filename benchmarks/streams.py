@@ -106,7 +106,7 @@ def cuda_kernel(block, repeat=8):
 def run(args) -> dict:
     from distributed import Client, LocalCluster
 
-    from gdask.scheduling import StreamController
+    from gdask.scheduling import StreamController, stream_executor
 
     make_specs, DeviceSetup = _common.make_specs, _common.DeviceSetup
 
@@ -144,26 +144,26 @@ def run(args) -> dict:
         client.gather(client.map(kernel, blocks, pure=False))  # warm-up (allocations, kernels)
 
         def phase(configure, rounds):
-            n0 = client.run(lambda dask_worker: len(dask_worker.gdask_streams.trace))
+            n0 = client.run(lambda dask_worker: len(stream_executor(dask_worker).trace))
             (n0,) = n0.values()
             client.run(configure)
             n = rounds * rt
             t = time.perf_counter()
             client.gather(client.map(kernel, [blocks[i % len(blocks)] for i in range(n)], pure=False))
             wall = time.perf_counter() - t
-            (trace,) = client.run(lambda dask_worker: list(dask_worker.gdask_streams.trace)[n0:]).values()
+            (trace,) = client.run(lambda dask_worker: list(stream_executor(dask_worker).trace)[n0:]).values()
             return trace, n / wall
 
         static = {}
         for k in range(1, mx + 1):
-            trace, wall = phase(lambda dask_worker, k=k: dask_worker.gdask_streams.set_streams(k),
+            trace, wall = phase(lambda dask_worker, k=k: stream_executor(dask_worker).set_streams(k),
                                 args.static_rounds + 1)
             thr = statistics.median(t for _, t in trace[1:])  # first round: transition from K-1
             static[k] = {"throughput": thr, "wall_tasks_per_s": wall, "rounds": [t for _, t in trace]}
             print(f"  fixed K={k}: {thr:8.1f} tasks/s (executor)  {wall:8.1f} tasks/s (wall)")
 
         def start_adaptive(dask_worker, mx=mx):
-            dask_worker.gdask_streams.adapt(StreamController(mx, start=1))
+            stream_executor(dask_worker).adapt(StreamController(mx, start=1))
 
         trace, wall = phase(start_adaptive, args.adaptive_rounds)
     best_k = max(static, key=lambda k: static[k]["throughput"])

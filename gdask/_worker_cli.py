@@ -139,7 +139,8 @@ def worker_kwargs(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 async def _run(args: argparse.Namespace) -> int:
     from distributed import Nanny, Worker
-    from distributed._signals import wait_for_signals
+
+    from gdask._compat import wait_for_signals
 
     kwargs = worker_kwargs(args)
     if not args.nanny:

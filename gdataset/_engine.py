@@ -55,11 +55,13 @@ from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task
 
 from gdask import config
+from gdask._compat import run_async, run_sync
 from gdask.gdataset import _blocks
 from gdask.gdataset._collective import CollectiveError, run_on_workers
 from gdask.gdataset._core import GDataSet, _Operands, device_layer
 from gdask.gdataset._progress import Progress
 from gdask.gdataset._repr import default_client_or_none
+from gdask.gdataset._share import DeviceShare
 
 logger = logging.getLogger("gdask.gdataset")
 
@@ -194,6 +196,12 @@ class LoopContext:
     def hint(self, blocks: Sequence[int]) -> None:
         """The driver's next reads of its own blocks follow ``blocks`` (block indices, in order): the
         window cache prefetches them in that order. Only does something when :attr:`streaming`."""
+
+    def capacity(self) -> int | None:
+        """Bytes of blocks this rank's device can keep resident at once (its window cache's room: the
+        device's memory less its reserve and other use), or None where unknown. A driver that reads
+        its blocks itself (:attr:`streaming`) sizes its windows of blocks by it."""
+        return None
 
     def observe(self, kind: str, nbytes: int, seconds: float) -> None:
         """Device work the driver did itself (not through :meth:`map`) on ``nbytes`` of its blocks, for
@@ -354,6 +362,15 @@ class _WorkersContext(LoopContext):
         if hasattr(store, "hint"):
             keys = {b: arrays for b, arrays in self.owned}
             store.hint([k for b in blocks if b in keys for k in keys[b].keys_in_order()])
+
+    def capacity(self):
+        from gdask.window_cache import worker_store
+
+        store = worker_store(self.comm.worker) if self.comm.worker is not None else None
+        if store is not None:
+            return int(store.capacity())
+        memory = getattr(getattr(_blocks.current_device(), "spec", None), "memory", None)
+        return int(memory) if memory else None
 
     def _call(self, func, args, kwargs, blocks: dict[str, Any]) -> Any:
         # host operands reach the device through it, as in the tasks of the client loop
@@ -564,7 +581,8 @@ def _persisted(data: dict[str, GDataSet | None]) -> dict[str, GDataSet | None]:
 
 
 def run_loop(algorithm: IterativeAlgorithm, data: dict[str, GDataSet | None], state: Any, *,
-             client: Any = None, mode: str | None = None, progress: Progress | None = None) -> EngineResult:
+             client: Any = None, mode: str | None = None, progress: Progress | None = None,
+             share: DeviceShare | None = None) -> EngineResult:
     """Run ``algorithm`` over ``data`` from ``state``; see the module's description.
 
     Parameters
@@ -581,6 +599,9 @@ def run_loop(algorithm: IterativeAlgorithm, data: dict[str, GDataSet | None], st
         Force a mode (default: the first of ``algorithm.modes`` the situation allows).
     progress : Progress, optional
         Receives every checkpoint record (in the calling thread); default: nothing shown.
+    share : DeviceShare, optional
+        The fit's share of the devices: the loop runs inside ``gdask.job(...)`` (see
+        :func:`~gdask.gdataset.device_share`; nothing when a job is open already or without a Client).
 
     Returns
     -------
@@ -786,8 +807,8 @@ def _newest_checkpoint(client: Any, token: str, seen: dict, record: Callable[[An
     """After a failed loop on the workers: the newest checkpoint any surviving worker kept, recorded
     if the events did not bring it (bounded by config ``gdask.engine.checkpoint-timeout``)."""
     try:
-        found = client.sync(client._run, _last_checkpoint, token, on_error="ignore",
-                            callback_timeout=float(config.get("engine.checkpoint-timeout", 10)))
+        found = run_sync(client, _last_checkpoint, token, on_error="ignore",
+                         timeout=float(config.get("engine.checkpoint-timeout", 10)))
     except Exception as e:  # noqa: BLE001 - the cluster may be in trouble: resume from what the events brought
         logger.debug("could not ask the workers for their checkpoints of loop %s: %r", token, e)
         return
@@ -823,7 +844,7 @@ def _drop_state(client: Any, token: str) -> None:
 
 async def _drop_everywhere(client: Any, token: str) -> None:
     try:
-        await client._run(_drop_async, token, wait=False, on_error="ignore")
+        await run_async(client, _drop_async, token, wait=False, on_error="ignore")
     except Exception as e:  # noqa: BLE001 - the client closed meanwhile: the states go with the workers
         logger.debug("could not drop the state of loop %s on the workers: %r", token, e)
 

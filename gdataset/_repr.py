@@ -10,6 +10,7 @@ import numpy as np
 from dask.utils import format_bytes
 
 from gdask import config
+from gdask._compat import run_async
 
 logger = logging.getLogger("gdask.gdataset")
 
@@ -148,7 +149,8 @@ def block_status(x: Any, wait: float = REPR_WAIT) -> dict[int, dict[str, Any]] |
             import asyncio
 
             return await asyncio.wait_for(asyncio.gather(*[
-                client._run(_tiers_on_worker, ks, workers=[a], on_error="return") for a, ks in by_worker.items()]),
+                run_async(client, _tiers_on_worker, ks, workers=[a], on_error="return")
+                for a, ks in by_worker.items()]),
                 timeout=wait)
 
         for (addr, ks), res in zip(by_worker.items(), client.sync(ask) if by_worker else []):

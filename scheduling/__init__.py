@@ -52,6 +52,7 @@ from gdask.scheduling._worker import (
     device_info,
     install_stream_executor,
     parse_pool_size,
+    stream_executor,
     stream_settings,
 )
 from gdask.scheduling._worker_jobs import JobMonitor
@@ -65,7 +66,7 @@ __all__ = [
     "device_score", "device_table", "ensure_plugins", "first_fit", "install_stream_executor", "is_gpu_task",
     "job", "job_salt", "jobs", "jobs_table",
     "link_rank", "makespan", "parse_pool_size", "place", "proportional_mapping",
-    "rebalance_plan", "scheduler_plugins", "stream_settings", "whole_device", "worker_plugins",
+    "rebalance_plan", "scheduler_plugins", "stream_executor", "stream_settings", "whole_device", "worker_plugins",
 ]
 
 

@@ -19,6 +19,8 @@ from dask.utils import format_bytes
 from distributed import WorkerPlugin
 
 from gdask import config, protocol
+from gdask._compat import executor as worker_executor
+from gdask._compat import set_executor
 from gdask.devices import DeviceSpec, StateSpaces, make_device, make_specs, parse_size
 
 logger = logging.getLogger("gdask")
@@ -26,7 +28,7 @@ logger = logging.getLogger("gdask")
 worker_log = logging.getLogger("distributed.worker.gdask")
 
 __all__ = ["DeviceReporter", "DeviceSetup", "StreamSettings", "add_metrics", "device_info", "install_stream_executor",
-           "parse_pool_size", "stream_settings"]
+           "parse_pool_size", "stream_executor", "stream_settings"]
 
 
 def parse_pool_size(value: Any, device_memory: int) -> int | None:
@@ -194,11 +196,13 @@ class DeviceSetup(WorkerPlugin):
         self.device: Any = None
         self.state = StateSpaces()
         self.worker: Any = None
+        #: the worker's stream executor (:class:`StreamThreadPoolExecutor`), set by setup when enabled
+        self.executor: Any = None
         self.nvml: dict[str, Any] | None = None
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state.update(device=None, worker=None, state=None, nvml=None)  # each worker makes its own
+        state.update(device=None, worker=None, state=None, nvml=None, executor=None)  # each worker makes its own
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -230,10 +234,9 @@ class DeviceSetup(WorkerPlugin):
             device.allocator = pool = setup_rmm_pool(parse_pool_size(self.rmm_pool_size, spec.memory), spec.memory)
         self.device = device
         self.worker = worker
-        worker.gdask_device = device  # a shortcut for client.run(lambda dask_worker: ...) scripts
         settings = self.streams.get(str(worker.name)) or stream_settings(spec, **self._stream_kw)
         if settings.executor:
-            install_stream_executor(worker, device, settings)
+            self.executor = install_stream_executor(worker, device, settings)
         attach = getattr(worker.data, "attach_device", None)
         if attach is not None:  # the window cache: its device tier lives in this device's memory
             attach(device)
@@ -304,11 +307,8 @@ def install_stream_executor(worker, device, settings: StreamSettings | None = No
         round_tasks=settings.round_tasks, slot_context=device_stream_context(device),
         thread_name_prefix=f"{worker.name}-gdask-stream",
     )
-    old = worker.executors.get("default")
-    worker.executors["default"] = executor
-    worker.executors["gpu"] = executor
-    worker.gdask_streams = executor
-    if old is not None and old is not worker.executors.get("offload") and old is not executor:
+    old = set_executor(worker, ("default", "gpu"), executor)
+    if old is not None and old is not worker_executor(worker, "offload") and old is not executor:
         old.shutdown(wait=False)  # tasks already on it finish; it takes no new ones
     return executor
 
@@ -318,8 +318,19 @@ def _plugin(worker: Any) -> DeviceSetup | None:
     return plugin if getattr(plugin, "device", None) is not None else None
 
 
+def stream_executor(dask_worker: Any = None) -> Any:
+    """The worker's :class:`StreamThreadPoolExecutor` (None without one): e.g.
+    ``client.run(lambda dask_worker: stream_executor(dask_worker).trace)``."""
+    if dask_worker is None:
+        from distributed import get_worker
+
+        dask_worker = get_worker()
+    plugin = dask_worker.plugins.get(protocol.PLUGIN_DEVICE)
+    return getattr(plugin, "executor", None)
+
+
 def _stream_metrics(worker) -> dict[str, Any]:
-    ex = getattr(worker, "gdask_streams", None)
+    ex = stream_executor(worker)
     return {} if ex is None else ex.metrics()
 
 
@@ -350,7 +361,7 @@ def _nvml_metrics(worker: Any) -> dict[str, Any]:
 
 def _with_streams(info: dict[str, Any], dask_worker) -> dict[str, Any]:
     """The device's info with the live stream count of its executor, if it has one."""
-    ex = getattr(dask_worker, "gdask_streams", None)
+    ex = stream_executor(dask_worker)
     if ex is not None:
         info = {**info, "streams": ex.streams, "max_streams": ex.max_streams,
                 "adaptive_streams": ex.adaptive}

@@ -5,6 +5,12 @@
 * Dependencies point down: ``gdask`` runtime (devices, config, protocol) <- ``window_cache``,
   ``scheduling`` <- ``gdataset`` <- ``gdask.ml`` and the facade (cluster, cli).
 * ``scheduling`` names no gdataset module or function.
+* ``gdask.ml`` reaches the window cache and placement only through the engine (``gdask.gdataset``).
+* Sizes a newcomer can read: no function over 80 lines outside the kernel modules, no class with more
+  than 30 methods (dunders aside).
+* No guessing: no interpreter frames (``sys._getframe``, ``inspect``) and no reference counts.
+* distributed's private API (underscored names of its modules and objects, replacing a worker's
+  executors or data) is used in ``gdask/_compat.py`` only.
 """
 
 from __future__ import annotations
@@ -21,12 +27,16 @@ PACKAGES = {
     "window_cache": ("window_cache", {"runtime"}),
     "scheduling": ("scheduling", {"runtime", "window_cache"}),  # window_cache: only the preload hook
     "gdataset": ("gdataset", {"runtime", "scheduling", "window_cache"}),
-    "gdask/ml": ("ml", {"runtime", "scheduling", "window_cache", "gdataset", "facade"}),
+    "gdask/ml": ("ml", {"runtime", "gdataset"}),  # placement and the window cache: through the engine
     "gdask": ("facade", {"runtime", "scheduling", "window_cache", "gdataset", "ml"}),
 }
 #: modules of the gdask folder that are the lowest layer (imported by every package)
-RUNTIME_MODULES = {"gdask.config", "gdask.protocol", "gdask.devices", "gdask._errors", "gdask._devices"}
-RUNTIME_FILES = {"gdask/__init__.py", "gdask/config.py", "gdask/protocol.py", "gdask/devices.py", "gdask/_errors.py"}
+RUNTIME_MODULES = {"gdask.config", "gdask.protocol", "gdask.devices", "gdask._errors", "gdask._devices",
+                   "gdask._compat"}
+RUNTIME_FILES = {"gdask/__init__.py", "gdask/config.py", "gdask/protocol.py", "gdask/devices.py", "gdask/_errors.py",
+                 "gdask/_compat.py"}
+#: private runtime modules every package may import: the one home of distributed's private API
+SHARED_PRIVATE = {"gdask._compat"}
 
 
 def _package_of_file(path: pathlib.Path) -> str:
@@ -107,7 +117,7 @@ def test_imports_respect_the_layers(path):
         if target not in allowed:
             problems.append(f"line {line}: {pkg} imports {name} ({target} is not below {pkg})")
             continue
-        if target != pkg:
+        if target != pkg and name not in SHARED_PRIVATE:
             rest = name[len(_owner_prefix(name)):].split(".")
             if any(part.startswith("_") and part != "__version__" for part in rest if part):
                 problems.append(f"line {line}: {pkg} imports the private {name} of {target}: use its public API"
@@ -132,3 +142,83 @@ def test_scheduling_names_no_gdataset_module_or_function():
     for path in sorted((ROOT / "scheduling").rglob("*.py")):
         found = pattern.findall(path.read_text())
         assert not found, f"{path.name} names {sorted(set(found))}"
+
+
+# -- sizes, no guessing, distributed's private API ------------------------------------------------------
+#: modules of compiled kernels (numba / numba.cuda): a kernel is one long function by nature
+KERNEL_FOLDERS = ("gdask/ml/kernels/",)
+KERNEL_FILES = {"gdask/ml/_kernels.py", "gdask/ml/_bounds.py", "gdask/ml/_cuda_kernels.py",
+                "gdask/ml/_logistic_kernels.py"}  # until they move under gdask/ml/kernels/
+MAX_FUNCTION_LINES = 80
+MAX_METHODS = 30
+
+
+def _rel(path: pathlib.Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def _is_kernel_module(path: pathlib.Path) -> bool:
+    rel = _rel(path)
+    return rel in KERNEL_FILES or rel.startswith(KERNEL_FOLDERS)
+
+
+@pytest.mark.parametrize("path", list(_sources()), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_functions_and_classes_stay_small(path):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    problems = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _is_kernel_module(path):
+            n = node.end_lineno - node.lineno + 1
+            if n > MAX_FUNCTION_LINES:
+                problems.append(f"line {node.lineno}: function {node.name} has {n} lines (> {MAX_FUNCTION_LINES})")
+        if isinstance(node, ast.ClassDef):
+            methods = [b.name for b in node.body if isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef))
+                       and not (b.name.startswith("__") and b.name.endswith("__"))]
+            if len(methods) > MAX_METHODS:
+                problems.append(f"line {node.lineno}: class {node.name} has {len(methods)} methods (> {MAX_METHODS})")
+    assert not problems, "\n".join(problems)
+
+
+#: names gdask code gives distributed's objects (a Client, Worker, Scheduler, their states)
+DISTRIBUTED_OBJECTS = {"client", "worker", "scheduler", "dask_worker", "dask_scheduler", "nanny", "ws", "ts",
+                       "state", "cluster"}
+#: distributed internals replaced through _compat only (not underscored, but not an extension point)
+REPLACED_INTERNALS = {"executors", "memory_manager"}
+
+
+def _object_name(node: ast.AST) -> str | None:
+    """``client`` for ``client`` / ``self.client`` / ``self.comm.worker``."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+@pytest.mark.parametrize("path", list(_sources()), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_no_frames_refcounts_or_private_distributed_api(path):
+    text = path.read_text()
+    tree = ast.parse(text, filename=str(path))
+    problems = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in ("_getframe", "getrefcount", "currentframe", "f_back",
+                                                              "f_locals", "stack"):
+            base = _object_name(node.value)
+            if base in ("sys", "inspect") or node.attr in ("_getframe", "getrefcount", "f_back", "f_locals"):
+                problems.append(f"line {node.lineno}: {base}.{node.attr}: know things, do not read frames or counts")
+    if _rel(path) != "gdask/_compat.py":
+        for line, name in _imports(path):
+            parts = name.split(".")
+            if parts[0] == "distributed" and any(p.startswith("_") for p in parts[1:]):
+                problems.append(f"line {line}: imports {name}: distributed's private API goes through gdask._compat")
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute):
+                continue
+            base = _object_name(node.value)
+            if base in DISTRIBUTED_OBJECTS and node.attr.startswith("_") and not node.attr.startswith("__"):
+                problems.append(f"line {node.lineno}: {base}.{node.attr}: distributed's private API goes through "
+                                "gdask._compat")
+            if base in DISTRIBUTED_OBJECTS and node.attr in REPLACED_INTERNALS:
+                problems.append(f"line {node.lineno}: {base}.{node.attr}: replacing distributed's internals goes "
+                                "through gdask._compat")
+    assert not problems, "\n".join(problems)

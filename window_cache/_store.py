@@ -30,6 +30,7 @@ from dask.sizeof import sizeof
 from dask.utils import format_bytes
 
 from gdask import DeviceMemoryError, config
+from gdask._compat import set_worker_data
 from gdask.devices import parse_size
 from gdask.window_cache._policy import LRU, FurthestInFuture, WindowSize
 from gdask.window_cache._tiers import DiskTier, device_tier
@@ -146,8 +147,7 @@ def use_window_store(worker: Any, **kwargs: Any) -> bool:
     if isinstance(data, WindowStore) or len(data):
         return False
     store = WindowStore(**kwargs)
-    worker.memory_manager.data = store
-    worker.state.data = store
+    set_worker_data(worker, store)
     return True
 
 

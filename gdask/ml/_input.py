@@ -5,13 +5,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-import uuid
 from typing import Any, Callable, Iterator, TypeVar
 
 import numpy as np
 
 from gdask.devices import array_namespace
-from gdask.gdataset import GDataSet
+from gdask.gdataset import DeviceShare, GDataSet, device_share
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -87,32 +86,8 @@ def check_finite(X: GDataSet, what: str = "X") -> None:
         raise ValueError(f"Input {what} contains NaN or infinity; remove or impute them before fitting")
 
 
-@contextlib.contextmanager
-def job_scope(gpu: float | None, memory: Any, name: str | None, kind: str) -> Iterator[Any]:
-    """Run a fit inside ``gdask.job(...)`` when it asks for a device share (``gpu=`` /
-    ``memory=``), a Client exists, and no enclosing job block runs already."""
-    if gpu is None and memory is None:
-        yield None
-        return
-    from gdask.scheduling import current_job, job
-
-    client = None
-    if current_job() is None:
-        try:
-            from distributed import get_client
-
-            client = get_client()
-        except ValueError:  # no Client: a local fit has this process's device to itself
-            client = None
-    if client is None:
-        yield None
-        return
-    with job(client, gpu=1.0 if gpu is None else gpu, memory=memory,
-             name=name or f"{kind.lower()}-{uuid.uuid4().hex[:6]}", kind=kind) as j:
-        yield j
-
-
 def estimator_job(est: Any) -> contextlib.AbstractContextManager:
-    """:func:`job_scope` from an estimator's ``gpu``, ``memory`` and ``job_name`` parameters."""
-    return job_scope(getattr(est, "gpu", None), getattr(est, "memory", None), getattr(est, "job_name", None),
-                     type(est).__name__)
+    """The engine's :func:`~gdask.gdataset.device_share` from an estimator's ``gpu``, ``memory`` and
+    ``job_name`` parameters."""
+    return device_share(DeviceShare(getattr(est, "gpu", None), getattr(est, "memory", None),
+                                    getattr(est, "job_name", None), type(est).__name__))

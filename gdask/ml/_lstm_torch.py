@@ -234,7 +234,7 @@ class LSTMTrainer(IterativeAlgorithm):
             h2d0 = int(getattr(dev, "bytes_h2d", 0))
             busy = [0.0]
             if ctx.streaming:
-                plan = self._stream_plan(epoch, local, offsets, train, dev)
+                plan = self._stream_plan(epoch, local, offsets, train, ctx)
                 ctx.hint([b for b in plan.order])
             else:
                 plan = GlobalPlan(self.epoch_order(epoch, train), self.batch_size, offsets, local)
@@ -314,15 +314,12 @@ class LSTMTrainer(IterativeAlgorithm):
             blk = cache[pos] = _Block(as_tensor(time_major(xb)).to(tdev), as_tensor(yb).to(tdev), _nbytes(xb))
         return blk
 
-    def _stream_plan(self, epoch, local, offsets, train, dev) -> StreamPlan:
+    def _stream_plan(self, epoch, local, offsets, train, ctx) -> StreamPlan:
         """Windows of as many blocks as ``window_fraction`` of what the window cache may hold (its
         capacity: the device's memory less its reserve and other use): a step at the end of a window
         also reads the next window's blocks, and the cache prefetches them meanwhile."""
-        from gdask.window_cache import worker_store
-
         block_bytes = max(1, max(self.row_blocks[b] for b, _ in local) * self.row_bytes if local else 1)
-        store = worker_store()
-        room = store.capacity() if store is not None else int(getattr(getattr(dev, "spec", None), "memory", 0) or 0)
+        room = ctx.capacity() or 0
         window = max(1, int(self.window_fraction * room // block_bytes)) if room else len(local)
         return StreamPlan(self.seed, self.steps(len(train)), epoch, local, offsets, train, window)
 

@@ -32,6 +32,8 @@ from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task, TaskRef
 from numba import njit
 
+from gdask.gdataset import DeviceShare, device_share
+
 __all__ = ["pagerank", "BlockedGraph", "blocked_graph", "sweep_order"]
 
 _METHODS = ("gauss-seidel", "jacobi")
@@ -332,9 +334,7 @@ def pagerank(A: Any, *, damping: float = 0.85, tol: float = 1e-6, max_iter: int 
     >>> A = gdask.ml.powerlaw_graph(10_000, seed=0)          # doctest: +SKIP
     >>> r = gdask.ml.pagerank(A, tol=1e-8)                     # doctest: +SKIP
     """
-    from gdask.ml._input import job_scope
-
-    with job_scope(gpu, memory, job_name, "pagerank"):
+    with device_share(DeviceShare(gpu, memory, job_name, "pagerank")):
         return _pagerank(A, damping=damping, tol=tol, max_iter=max_iter, nblocks=nblocks, method=method,
                          inner_sweeps=inner_sweeps, client=client, return_info=return_info, verbose=verbose,
                          callback=callback)

@@ -1,0 +1,67 @@
+"""Every use of distributed's private or internal API, in one module.
+
+gdask extends distributed through its public hooks (scheduler and worker plugins, handlers,
+``Worker(data=...)``). A few things have no public hook; they are named here, one small function
+each, so that a change inside distributed breaks one module (and ``tests/gdask/test_compat.py``,
+which pins the supported range), not many:
+
+* :func:`run_async`: ``Client._run``, the coroutine behind ``Client.run``, for code that already
+  runs on the client's event loop (``Client.run`` would block it) or needs ``callback_timeout``.
+* :func:`wait_for_signals`: ``distributed._signals``, as ``dask worker`` waits for SIGINT/SIGTERM.
+* :func:`set_executor`: a worker's executors by name (``Worker.executors`` is a plain dict the
+  worker reads at each task; distributed has no hook to add one).
+* :func:`set_worker_data`: a worker's data store after the worker was made (a preload on a plain
+  ``dask worker`` cannot pass ``data=``).
+
+Nothing else in gdask reads or writes an underscored attribute of a distributed object
+(``tests/test_layering.py`` checks it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: the distributed releases gdask is tested with (inclusive lower, exclusive upper bound)
+SUPPORTED_DISTRIBUTED = ("2025.1", "2027.1")
+
+__all__ = ["SUPPORTED_DISTRIBUTED", "run_async", "run_sync", "set_executor", "set_worker_data", "wait_for_signals"]
+
+
+def run_async(client: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+    """``client.run(func, *args, **kwargs)`` as a coroutine, to await on the client's event loop
+    (``workers=``, ``wait=``, ``on_error=`` as for ``Client.run``)."""
+    return client._run(func, *args, **kwargs)
+
+
+def run_sync(client: Any, func: Any, *args: Any, timeout: float, **kwargs: Any) -> Any:
+    """``client.run(func, *args, **kwargs)`` from a thread other than the client's event loop,
+    giving up after ``timeout`` seconds (``TimeoutError``)."""
+    return client.sync(client._run, func, *args, callback_timeout=timeout, **kwargs)
+
+
+async def wait_for_signals() -> int:
+    """Wait for SIGINT or SIGTERM (as ``dask worker`` does) and return the signal's number."""
+    from distributed._signals import wait_for_signals as wait
+
+    return await wait()
+
+
+def set_executor(worker: Any, names: tuple[str, ...], executor: Any) -> Any:
+    """Make ``executor`` the worker's executor under each of ``names`` (tasks choose one by the
+    ``executor`` annotation; ``"default"`` runs the rest). Returns the executor that was "default"."""
+    old = worker.executors.get("default")
+    for name in names:
+        worker.executors[name] = executor
+    return old
+
+
+def executor(worker: Any, name: str) -> Any:
+    """The worker's executor called ``name``, or None."""
+    return worker.executors.get(name)
+
+
+def set_worker_data(worker: Any, store: Any) -> None:
+    """Make ``store`` (a MutableMapping) the data store of a running ``worker`` that holds no data
+    yet: where its memory manager spills from and where its state machine keeps task results."""
+    worker.memory_manager.data = store
+    worker.state.data = store
