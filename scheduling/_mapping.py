@@ -83,6 +83,29 @@ def rebalance_plan(block_work: Sequence[float], current: Sequence[int], speeds: 
     >>> rebalance_plan([1.0] * 8, [0] * 7 + [1], [1.0, 0.25]) is None
     True
     """
+    costs = _checked_costs(block_work, current, speeds, move_cost)
+    plan = list(current)
+    load = _loads(block_work, plan, len(speeds))
+    before = _span(load, speeds)
+    for _ in range(len(block_work) * len(speeds)):
+        move = _best_move(block_work, plan, load, speeds, costs)
+        if move is None:
+            break
+        i, t = move
+        load[plan[i]] -= block_work[i]
+        load[t] += block_work[i]
+        plan[i] = t
+    gain = before - _span(load, speeds)
+    if gain <= 0 or gain < min_gain * before:
+        return None
+    if horizon * gain <= max(_traffic(plan, current, costs, len(speeds))):
+        return None
+    return plan
+
+
+def _checked_costs(block_work: Sequence[float], current: Sequence[int], speeds: Sequence[float],
+                   move_cost: Sequence[float] | float) -> list[float]:
+    """The per-block move costs, after checking :func:`rebalance_plan`'s arguments agree."""
     n, m = len(block_work), len(speeds)
     if len(current) != n:
         raise ValueError(f"current has {len(current)} entries for {n} blocks")
@@ -93,42 +116,48 @@ def rebalance_plan(block_work: Sequence[float], current: Sequence[int], speeds: 
     costs = [float(move_cost)] * n if isinstance(move_cost, (int, float)) else [float(c) for c in move_cost]
     if len(costs) != n:
         raise ValueError(f"move_cost has {len(costs)} entries for {n} blocks")
-    plan = list(current)
+    return costs
+
+
+def _loads(block_work: Sequence[float], plan: Sequence[int], m: int) -> list[float]:
     load = [0.0] * m
     for w, d in zip(block_work, plan):
         load[d] += w
-    before = max(load[d] / speeds[d] for d in range(m)) if n else 0.0
-    for _ in range(n * m):
-        src = max(range(m), key=lambda d: (load[d] / speeds[d], -d))
-        span = load[src] / speeds[src]
-        best = None
-        seen: set[tuple[float, float]] = set()
-        for i in (i for i in range(n) if plan[i] == src):
-            w = block_work[i]
-            if (w, costs[i]) in seen:  # equal blocks are equal candidates: O(m) per step for them
+    return load
+
+
+def _span(load: Sequence[float], speeds: Sequence[float]) -> float:
+    return max((load[d] / speeds[d] for d in range(len(speeds))), default=0.0)
+
+
+def _best_move(block_work: Sequence[float], plan: Sequence[int], load: Sequence[float], speeds: Sequence[float],
+               costs: Sequence[float]) -> tuple[int, int] | None:
+    """``(block, target device)``: the most loaded device's block whose move lowers the makespan
+    most (cheapest move first among equals), or None when no move does."""
+    m = len(speeds)
+    src = max(range(m), key=lambda d: (load[d] / speeds[d], -d))
+    span = load[src] / speeds[src]
+    best = None
+    seen: set[tuple[float, float]] = set()
+    for i in (i for i in range(len(plan)) if plan[i] == src):
+        w = block_work[i]
+        if (w, costs[i]) in seen:  # equal blocks are equal candidates: O(m) per step for them
+            continue
+        seen.add((w, costs[i]))
+        for t in range(m):
+            if t == src:
                 continue
-            seen.add((w, costs[i]))
-            for t in range(m):
-                if t == src:
-                    continue
-                new = max((load[src] - w) / speeds[src], (load[t] + w) / speeds[t])
-                if new < span - 1e-12 and (best is None or (new, costs[i], i, t) < best):
-                    best = (new, costs[i], i, t)
-        if best is None:
-            break
-        _, _, i, t = best
-        load[src] -= block_work[i]
-        load[t] += block_work[i]
-        plan[i] = t
-    after = max(load[d] / speeds[d] for d in range(m)) if n else 0.0
-    gain = before - after
-    if gain <= 0 or gain < min_gain * before:
-        return None
+            new = max((load[src] - w) / speeds[src], (load[t] + w) / speeds[t])
+            if new < span - 1e-12 and (best is None or (new, costs[i], i, t) < best):
+                best = (new, costs[i], i, t)
+    return None if best is None else (best[2], best[3])
+
+
+def _traffic(plan: Sequence[int], current: Sequence[int], costs: Sequence[float], m: int) -> list[float]:
+    """Seconds each device spends sending and receiving the moved blocks."""
     traffic = [0.0] * m
-    for i in range(n):
-        if plan[i] != current[i]:
-            traffic[plan[i]] += costs[i]
-            traffic[current[i]] += costs[i]
-    if horizon * gain <= max(traffic):
-        return None
-    return plan
+    for i, (new, old) in enumerate(zip(plan, current)):
+        if new != old:
+            traffic[new] += costs[i]
+            traffic[old] += costs[i]
+    return traffic
