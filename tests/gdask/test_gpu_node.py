@@ -11,6 +11,7 @@ import logging
 import sys
 import types
 
+import numpy as np
 import pytest
 
 from gdask._devices import _nvml, discover, make_specs, worker_environment
@@ -291,3 +292,89 @@ def test_worker_memory_limit_values():
     assert worker_memory_limit("auto", 4) == system.MEMORY_LIMIT // 4
     assert worker_memory_limit(None, 4) is None and worker_memory_limit(0, 4) == 0  # no limit, as distributed
     assert worker_memory_limit("30GB", 4) == "30GB" and worker_memory_limit(0.5, 4) == 0.5
+
+
+# -- on a GPU (gpu_check.sh's gpu-tests step) ------------------------------------------------------------
+def _cuda_gpu() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # noqa: BLE001 - no CuPy, driver or GPU
+        return False
+
+
+
+def _probe(dask_worker) -> dict:
+    """What a CUDA worker sees: its CUDA_VISIBLE_DEVICES, allocator, memory in use, device info, and a
+    C-order host array copied in (F order, on the device) and back (F order kept)."""
+    import os
+
+    from gdask.devices import context
+
+    dev = context(dask_worker).device
+    host = np.arange(3000 * 5, dtype=np.float32).reshape(3000, 5)
+    block = dev.asarray(host)
+    back = dev.to_host(block)
+    info = {k: v for k, v in dev.info().items() if v is None or isinstance(v, (int, float, str))}
+    return {"name": str(dask_worker.name), "visible": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+            "kind": dev.allocator_kind, "used": dev.memory_used(), "info": info,
+            "f_order": bool(block.flags.f_contiguous), "same": bool(np.array_equal(back, host)),
+            "back_f_order": bool(back.flags.f_contiguous)}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_gpu(), reason="needs a CUDA GPU")
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n_devices", [1, 2])
+def test_on_a_gpu_each_worker_owns_its_device(n_devices):
+    """On one GPU: one worker, then two logical devices sharing it (the same UUID first in both)."""
+    from distributed import Client, system
+
+    import gdask
+
+    _nvml.reset()
+    with gdask.LocalGPUCluster(n_devices=n_devices, backend="cuda", dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        specs = cluster.device_specs
+        got = client.run(_probe)
+        limits = [n.memory_manager.memory_limit for n in cluster.workers.values()]
+    assert limits == [system.MEMORY_LIMIT // n_devices] * n_devices
+    for r in got.values():
+        spec = specs[int(r["name"])]
+        assert r["visible"].split(",")[0] == spec.uuid, r  # its own device is CUDA device 0
+        assert r["kind"] in ("rmm", "cupy") and 0 <= r["used"] <= spec.memory, r
+        assert r["info"]["uuid"] == spec.uuid and "gpu_util" in r["info"], r
+        assert r["f_order"] and r["same"] and r["back_f_order"], r
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_gpu(), reason="needs a CUDA GPU")
+def test_on_a_gpu_cupy_pool_without_rmm(monkeypatch):
+    """CuPy's pool as the allocator (RMM hidden): capped at the budget, counted in used bytes, and an
+    allocation over the cap is a DeviceMemoryError that says its size."""
+    import cupy
+
+    from gdask import DeviceMemoryError
+    from gdask._devices import _cuda
+    from gdask.devices import DeviceSpec
+
+    for name in ("rmm", "rmm.mr", "rmm.statistics", "rmm.allocators", "rmm.allocators.cupy"):
+        monkeypatch.setitem(sys.modules, name, None)
+    pool = cupy.get_default_memory_pool()
+    budget = 256 * 2**20
+    dev = _cuda.CudaDevice(DeviceSpec(index=0, backend="cuda", memory=budget, physical=0, name="test"))
+    try:
+        dev.allocator = _cuda.setup_rmm_pool(None, budget)
+        assert dev.allocator_kind == "cupy" and pool.get_limit() == budget
+        before = dev.memory_used()
+        a = dev.asarray(np.ones((2**20, 16), np.float32, order="F"))  # 64 MiB
+        assert dev.memory_used() - before == a.nbytes
+        with pytest.raises(DeviceMemoryError) as err:
+            dev.translate_oom(lambda: cupy.empty(2 * budget, np.uint8))
+        assert err.value.requested == 2 * budget
+        del a
+    finally:
+        pool.free_all_blocks()
+        pool.set_limit(size=0)
+        cupy.cuda.set_allocator(pool.malloc)
