@@ -202,17 +202,23 @@ class CudaDevice(DeviceBase):
             raise error from e
 
     def _copy_in(self, x: Any, order: str) -> Any:
-        """``x`` copied to this device in ``order``. A C-order host array wanted in F order is not
-        transposed on the host (CuPy's ``array(x, order="F")`` does that, single-threaded): it goes
-        over in contiguous row slabs, each written into the F-order block on the device."""
+        """``x`` copied to this device in ``order``. A host array laid out otherwise (C order wanted
+        in F order, a transposed view) is not reordered on the host (CuPy's ``array(x, order=...)``
+        does that, single-threaded): the array it is a view of goes over in contiguous slabs, each
+        written into the block on the device in the order wanted."""
         cp = self._cupy
-        if (order != "F" or not isinstance(x, np.ndarray) or x.ndim < 2
-                or x.flags.f_contiguous or not x.flags.c_contiguous):
+        wanted = {"C": "c_contiguous", "F": "f_contiguous"}.get(order)
+        if not isinstance(x, np.ndarray) or x.ndim < 2 or x.size == 0 or wanted is None or getattr(x.flags, wanted):
             return cp.array(x, order=order, copy=True)
-        out = cp.empty(x.shape, dtype=x.dtype, order="F")
-        rows = max(1, _SLAB_BYTES // max(1, x[0].nbytes))
-        for start in range(0, x.shape[0], rows):
-            out[start:start + rows] = cp.asarray(x[start:start + rows])  # h2d of a slab, transposed on the device
+        perm = tuple(int(a) for a in np.argsort([-s for s in x.strides], kind="stable"))  # outermost axis first
+        base = x.transpose(perm)
+        if not base.flags.c_contiguous:  # not a reordering of one contiguous array (e.g. a strided slice)
+            return cp.array(x, order=order, copy=True)
+        out = cp.empty(x.shape, dtype=x.dtype, order=order)
+        view = out.transpose(perm)  # the device block, indexed as ``base``
+        rows = max(1, _SLAB_BYTES // max(1, base[0].nbytes))
+        for start in range(0, base.shape[0], rows):
+            view[start:start + rows] = cp.asarray(base[start:start + rows])  # reordered on the device
         return out
 
     def asarray(self, x: Any, order: str = "F") -> Any:

@@ -121,7 +121,8 @@ class FakeCupy:
 
         def array(x, order="C", copy=True):
             allocating()
-            if isinstance(x, np.ndarray) and x.ndim > 1 and order == "F" and not x.flags.f_contiguous:
+            flag = {"C": "c_contiguous", "F": "f_contiguous"}[order]
+            if isinstance(x, np.ndarray) and x.ndim > 1 and not getattr(x.flags, flag):
                 self.host_transposes += 1
             return np.array(x, order=order, copy=True)
 
@@ -323,6 +324,12 @@ def test_c_order_host_data_is_transposed_on_the_device(fakes, monkeypatch):
     for ready in (np.asfortranarray(host), host[:, 0], host):
         np.testing.assert_array_equal(dev.asarray(ready, order="C" if ready is host else "F"), ready)
     assert cupy.host_transposes == 0
+    # a time-major view of C-order sequences (n, t, f) -> (t, n, f), wanted C-contiguous (3-D blocks)
+    seqs = np.arange(2500 * 3 * 4, dtype=np.float32).reshape(2500, 3, 4)
+    out = dev.asarray(seqs.transpose(1, 0, 2), order="C")
+    assert cupy.host_transposes == 0 and out.flags.c_contiguous and np.array_equal(out, seqs.transpose(1, 0, 2))
+    strided = host[::2]  # not a reordering of one contiguous array: CuPy's own copy
+    np.testing.assert_array_equal(dev.asarray(strided), strided)
 
 
 def test_f_order_blocks_come_back_in_f_order(fakes):
