@@ -80,8 +80,9 @@ def _check_host_memory(specs: list[DeviceSpec]) -> None:
 def worker_memory_limit(memory_limit: Any, n_workers: int) -> Any:
     """Host memory limit of each of ``n_workers`` device workers on one host.
 
-    Unset or ``"auto"``: this host's memory (``distributed.system.MEMORY_LIMIT``, cgroup limits
-    included) over the device workers, as ``dask cuda worker`` does. distributed's own ``"auto"``
+    ``"auto"`` (the default of ``LocalGPUCluster`` and ``gdask worker``): this host's memory
+    (``distributed.system.MEMORY_LIMIT``, cgroup limits included) over the device workers, as
+    ``dask cuda worker`` does. distributed's own ``"auto"``
     (memory x threads / cores) gives a device worker a core count's share: about 42 GB on a
     192-core, 2 TB node with 8 GPUs, less than one GPU's evicted blocks, and the nanny restarts a
     worker at 95% of it. Any other value (bytes, ``"100GB"``, a fraction, ``0`` or ``None`` for no
