@@ -13,7 +13,9 @@ NVML does not say, from a table of datasheet figures by device name. Two levels:
   compiles the kernels).
 
 The data (``--rows`` x ``--features`` float32 around ``--clusters`` centers) is generated on the
-devices, block by block, never on the host. Needs a CUDA GPU with CuPy and numba.cuda.
+devices, block by block, never on the host. Needs a CUDA GPU with CuPy and numba.cuda;
+``--backend emulated`` runs the same stages on emulated devices (``gpu_check.sh --dry-run``: the
+figures mean nothing there, and there is no roofline).
 
 usage: python benchmarks/gpu_roofline.py --rows 100000000 --features 32 --clusters 64 --logical 1,2,4 \\
            --json out.json
@@ -65,12 +67,18 @@ def peak_bandwidth(index: int = 0) -> tuple[float | None, str, str]:
 def _block(b, d, k, seed):
     """A device block of rows around ``k`` centers; ``b`` (int8, the block's index in every row) only
     gives the block its rows and its seed."""
-    import cupy as cp
-
     from gdask.devices import to_numpy
 
     n = b.shape[0]
     i = int(to_numpy(b[:1])[0]) if n else 0
+    if isinstance(b, np.ndarray):  # emulated devices: the same kind of data with NumPy
+        rs = np.random.RandomState(seed + 1 + i)
+        centers = np.random.default_rng(seed).uniform(-10, 10, (k, d)).astype(np.float32)
+        out = np.asfortranarray(centers[rs.randint(0, k, n)])
+        out += rs.standard_normal((n, d)).astype(np.float32)
+        return out
+    import cupy as cp
+
     centers = cp.asarray(np.random.default_rng(seed).uniform(-10, 10, (k, d)).astype(np.float32))
     rs = cp.random.RandomState(seed + 1 + i)
     labels = rs.randint(0, k, n)
@@ -79,8 +87,18 @@ def _block(b, d, k, seed):
     return out
 
 
-def _kernel_seconds(rows, d, k, seed, reps):
+def _kernel_seconds(rows, d, k, seed, reps, backend="cuda"):
     """Seconds of one block's Lloyd pass (gdask's block function on a resident CuPy block)."""
+    if backend != "cuda":  # a NumPy block, timed on the host clock
+        blk = _block(np.zeros(rows, np.int8), d, k, seed)
+        centers = np.random.default_rng(seed).uniform(-10, 10, (k, d)).astype(np.float32)
+        _common.lloyd_partial(blk, centers)  # compile
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            _common.lloyd_partial(blk, centers)
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times)), int(blk.nbytes)
     import cupy as cp
 
     blk = _block(cp.zeros(rows, cp.int8), d, k, seed)
@@ -98,7 +116,7 @@ def _kernel_seconds(rows, d, k, seed, reps):
     return float(np.median(times)), int(blk.nbytes)
 
 
-def _fit(n_devices, rows, d, k, iters, seed, block_rows):
+def _fit(n_devices, rows, d, k, iters, seed, block_rows, backend="cuda"):
     from distributed import Client, futures_of, wait
 
     import gdask
@@ -106,7 +124,7 @@ def _fit(n_devices, rows, d, k, iters, seed, block_rows):
 
     nb = -(-rows // block_rows)
     t0 = time.perf_counter()
-    with gdask.LocalGPUCluster(n_devices=n_devices, backend="cuda", dashboard_address=":0") as cluster, \
+    with gdask.LocalGPUCluster(n_devices=n_devices, backend=backend, dashboard_address=":0") as cluster, \
             Client(cluster):
         idx = gdask.from_array(np.repeat(np.arange(nb, dtype=np.int8), block_rows)[:rows], block_rows=block_rows)
         X = idx.map_blocks(_block, d, k, seed, ncols=d, dtype=np.float32, name="roofline-data").persist()
@@ -132,26 +150,31 @@ def main(argv=None) -> int:
     p.add_argument("--blocks-per-device", type=int, default=4)
     p.add_argument("--kernel-rows", type=int, default=12_500_000, help="rows of the block timed alone")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--backend", choices=["cuda", "emulated"], default="cuda",
+                   help="emulated: the same stages on emulated devices (a dry run: no GPU, no roofline)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
-    try:
-        import cupy
+    if a.backend == "cuda":
+        try:
+            import cupy
 
-        cupy.cuda.runtime.getDeviceCount()
-    except Exception as e:  # noqa: BLE001
-        print(f"gpu_roofline: needs a CUDA GPU with CuPy ({type(e).__name__}: {e})", file=sys.stderr)
-        return 2
-    peak, source, name = peak_bandwidth(0)
+            cupy.cuda.runtime.getDeviceCount()
+        except Exception as e:  # noqa: BLE001
+            print(f"gpu_roofline: needs a CUDA GPU with CuPy ({type(e).__name__}: {e})", file=sys.stderr)
+            return 2
+        peak, source, name = peak_bandwidth(0)
+    else:
+        peak, source, name = None, "emulated devices have no memory bandwidth roofline", "emulated"
     itemsize = 4
     print(f"device: {name}; peak memory bandwidth: "
           f"{'unknown' if peak is None else f'{peak / 1e12:.2f} TB/s'} ({source})")
-    result = {"device": name, "peak_bandwidth": peak, "peak_source": source, "rows": a.rows,
+    result = {"backend": a.backend, "device": name, "peak_bandwidth": peak, "peak_source": source, "rows": a.rows,
               "features": a.features, "clusters": a.clusters, "dtype": "float32", "fits": []}
 
     def frac(nbytes, seconds):
         return None if peak is None or seconds <= 0 else nbytes / seconds / peak
 
-    sec, nbytes = _kernel_seconds(a.kernel_rows, a.features, a.clusters, a.seed, reps=5)
+    sec, nbytes = _kernel_seconds(a.kernel_rows, a.features, a.clusters, a.seed, reps=5, backend=a.backend)
     result["kernel"] = {"rows": a.kernel_rows, "bytes": nbytes, "seconds": sec, "bytes_per_second": nbytes / sec,
                         "roofline_fraction": frac(nbytes, sec)}
     _common.write_json(a.json, result)  # after every stage: a run cut short keeps what it measured
@@ -161,7 +184,7 @@ def main(argv=None) -> int:
     data_bytes = a.rows * a.features * itemsize
     for n in [int(v) for v in a.logical.split(",") if v.strip()]:
         block_rows = -(-a.rows // (n * a.blocks_per_device))
-        r = _fit(n, a.rows, a.features, a.clusters, a.iterations, a.seed, block_rows)
+        r = _fit(n, a.rows, a.features, a.clusters, a.iterations, a.seed, block_rows, backend=a.backend)
         r["bytes_per_pass"] = data_bytes
         r["bytes_per_second"] = data_bytes / r["seconds_per_pass"]
         r["roofline_fraction"] = frac(data_bytes, r["seconds_per_pass"])

@@ -19,9 +19,9 @@ from distributed.core import Status
 from distributed.deploy.cluster import Cluster
 
 from gdask import GDaskWarning, WorkerStartError, config
-from gdask.devices import DeviceSpec, make_specs, parse_size
+from gdask.devices import DeviceSpec, make_specs, parse_size, worker_environment
 
-__all__ = ["LocalGPUCluster", "WorkerStartError"]
+__all__ = ["LocalGPUCluster", "WorkerStartError", "worker_memory_limit"]
 
 #: the smallest device memory that holds a useful block; smaller values are typing mistakes
 #: (``device_memory=1.5`` meant "1.5GiB")
@@ -77,6 +77,24 @@ def _check_host_memory(specs: list[DeviceSpec]) -> None:
                       "run the machine out of memory", GDaskWarning, stacklevel=3)
 
 
+def worker_memory_limit(memory_limit: Any, n_workers: int) -> Any:
+    """Host memory limit of each of ``n_workers`` device workers on one host.
+
+    ``"auto"`` (the default of ``LocalGPUCluster`` and ``gdask worker``): this host's memory
+    (``distributed.system.MEMORY_LIMIT``, cgroup limits included) over the device workers, as
+    ``dask cuda worker`` does. distributed's own ``"auto"``
+    (memory x threads / cores) gives a device worker a core count's share: about 42 GB on a
+    192-core, 2 TB node with 8 GPUs, less than one GPU's evicted blocks, and the nanny restarts a
+    worker at 95% of it. Any other value (bytes, ``"100GB"``, a fraction, ``0`` or ``None`` for no
+    limit) is the user's and passes as given.
+    """
+    if memory_limit != "auto":
+        return memory_limit
+    from distributed import system
+
+    return max(1, int(system.MEMORY_LIMIT) // max(1, int(n_workers)))
+
+
 def _check_speeds(speeds: Any) -> None:
     if speeds is None:
         return
@@ -118,9 +136,13 @@ def _start_error(exc: BaseException, n: int) -> WorkerStartError:
 class LocalGPUCluster(LocalCluster):
     """A local Dask cluster with one worker process per device.
 
-    With CUDA GPUs each worker sees one GPU (``CUDA_VISIBLE_DEVICES``) and routes CuPy allocations
-    through an RMM pool; without, each worker owns an emulated device (a NumPy memory pool with a
-    byte budget, optional speed and bandwidth), so the same code runs on a laptop.
+    With CUDA GPUs each worker owns one GPU (or a MIG instance, or a share of a GPU when there are
+    more devices than GPUs) and routes CuPy allocations through an RMM pool; its
+    ``CUDA_VISIBLE_DEVICES`` lists the cluster's GPUs with its own first (CUDA device 0 of the
+    worker), so NCCL and CUDA IPC reach the peers. Without GPUs, each worker owns an emulated device
+    (a NumPy memory pool with a byte budget, optional speed and bandwidth), so the same code runs on
+    a laptop. Each worker's host memory limit is this machine's memory over the devices (as
+    ``dask cuda worker``), unless ``memory_limit`` is given.
 
     Parameters
     ----------
@@ -154,7 +176,8 @@ class LocalGPUCluster(LocalCluster):
         The workers' data store; default a :class:`gdask.window_cache.WindowStore` (config
         ``gdask.window-cache.enabled``), which keeps blocks beyond device memory on the host.
     **kwargs
-        Passed to :class:`distributed.LocalCluster` (``dashboard_address``, ``memory_limit``, ...).
+        Passed to :class:`distributed.LocalCluster` (``dashboard_address``, ...). ``memory_limit``:
+        host memory per worker (default and ``"auto"``: this machine's memory / ``n_devices``).
 
     Raises
     ------
@@ -235,6 +258,7 @@ class LocalGPUCluster(LocalCluster):
             skw = dict(kwargs.pop("scheduler_kwargs", None) or {})
             skw["plugins"] = [*(skw.get("plugins") or ()), self.placement, self.jobs]
             kwargs["scheduler_kwargs"] = skw
+        kwargs["memory_limit"] = worker_memory_limit(kwargs.get("memory_limit", "auto"), len(self.device_specs))
         super().__init__(n_workers=0, threads_per_worker=streams, processes=True, **kwargs)
         n = len(self.device_specs)
         try:
@@ -300,11 +324,8 @@ class LocalGPUCluster(LocalCluster):
             )
         name = free[0]
         spec = copy.deepcopy(self.new_spec)
-        dev = self._spec_by_name[name]
         env = dict(spec["options"].get("env") or {})
-        if dev.backend == "cuda":
-            env["CUDA_VISIBLE_DEVICES"] = str(dev.physical)  # an NVML index: CUDA numbers GPUs alike
-            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"           # only in PCI bus order
+        env.update(worker_environment(self.device_specs, name))  # every GPU of the cluster, its own first
         spec["options"]["env"] = env
         plugins = set(spec["options"].get("plugins") or ())
         plugins.update(self._worker_plugins)

@@ -1,7 +1,9 @@
 """``gdask worker SCHEDULER_ADDRESS``: a ``dask worker`` for devices (as ``dask cuda worker``).
 
 One worker process per device of this node: every visible GPU (``CUDA_VISIBLE_DEVICES`` rotated so
-that each worker's own GPU comes first, ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, an RMM pool), or
+that each worker's own GPU comes first, ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, an RMM pool; a MIG
+instance alone, by its UUID), with this node's memory over the workers as each one's host memory
+limit (as ``dask cuda worker``), or
 ``--n-devices`` emulated devices. Each worker gets the same plugins a ``LocalGPUCluster`` worker gets
 (:func:`gdask.scheduling.worker_plugins`: its device, streams, state and metrics; the job monitor)
 and gdask's window store as its data, and logs one line naming its device, memory, pool and streams.
@@ -19,13 +21,7 @@ from typing import Any
 
 logger = logging.getLogger("gdask.worker")
 
-__all__ = ["add_arguments", "main", "rotated_devices", "worker_kwargs"]
-
-
-def rotated_devices(visible: list[str], i: int) -> str:
-    """``CUDA_VISIBLE_DEVICES`` for the worker of device ``i``: the node's devices, rotated so that
-    device ``i`` is first (the worker's device), as ``dask cuda worker`` does."""
-    return ",".join(visible[i:] + visible[:i])
+__all__ = ["add_arguments", "main", "worker_kwargs"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -59,7 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument("--tls-ca-file", default=None, help="CA cert(s) file for TLS (PEM)")
     w.add_argument("--tls-cert", default=None, help="certificate file for TLS (PEM)")
     w.add_argument("--tls-key", default=None, help="private key file for TLS (PEM)")
-    w.add_argument("--memory-limit", default="auto", help="host memory limit per worker (dask's --memory-limit)")
+    w.add_argument("--memory-limit", default="auto",
+                   help="host memory limit per worker (dask's --memory-limit); default and 'auto': this host's "
+                        "memory / the device workers, as dask cuda worker")
     w.add_argument("--local-directory", default=None, help="directory for the workers' files")
     w.add_argument("--resources", default=None, help='extra resources per worker, e.g. "FOO=2 BAR=1" '
                                                       "(GPU=1 is always set)")
@@ -100,7 +98,8 @@ def _resources(text: str | None) -> dict[str, float]:
 def worker_kwargs(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Keyword arguments of one ``Nanny`` (or ``Worker``) per device of this node."""
     from gdask import config
-    from gdask.devices import make_specs
+    from gdask._cluster import worker_memory_limit
+    from gdask.devices import make_specs, worker_environment
     from gdask.scheduling import worker_plugins
 
     speeds = None if args.device_speeds is None else [float(s) for s in args.device_speeds.split(",")]
@@ -110,8 +109,7 @@ def worker_kwargs(args: argparse.Namespace) -> list[dict[str, Any]]:
     if specs[0].backend == "cuda" and args.device_memory_limit is None and args.device_memory is not None:
         raise SystemExit("gdask worker: CUDA devices take --device-memory-limit, not --device-memory")
     prefix = args.name or f"{socket.gethostname()}-{os.getpid()}"
-    visible = [str(s.physical) for s in specs]
-    order = list(dict.fromkeys(visible))  # the node's GPUs, each once
+    memory_limit = worker_memory_limit(args.memory_limit, len(specs))
     resources = _resources(args.resources)
     security = _security(args)
     out = []
@@ -119,15 +117,12 @@ def worker_kwargs(args: argparse.Namespace) -> list[dict[str, Any]]:
         name = f"{prefix}-{i}"
         plugins = worker_plugins({name: spec}, rmm_pool_size=args.rmm_pool_size, max_streams=args.max_streams)
         nthreads = max(args.nthreads or 0, plugins[0].worker_threads())
-        env = {}
-        if spec.backend == "cuda":
-            env["CUDA_VISIBLE_DEVICES"] = rotated_devices(order, order.index(visible[i]))
-            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env = worker_environment(specs, i)  # the node's GPUs, this worker's own first
         from gdask.window_cache import WindowStore
 
         kw: dict[str, Any] = dict(
             scheduler_ip=args.scheduler, scheduler_file=args.scheduler_file, nthreads=nthreads, name=name,
-            resources=resources, plugins=set(plugins), memory_limit=args.memory_limit, preload=list(args.preload),
+            resources=resources, plugins=set(plugins), memory_limit=memory_limit, preload=list(args.preload),
             dashboard=args.dashboard, dashboard_address=args.dashboard_address, security=security,
             death_timeout=args.death_timeout, local_directory=args.local_directory, env=env,
         )

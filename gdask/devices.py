@@ -22,6 +22,7 @@ from gdask._devices import (
     make_specs,
     module_available,
     parse_size,
+    worker_environment,
     worker_state,
 )
 from gdask._devices._arrays import (
@@ -63,6 +64,7 @@ __all__ = [
     "parse_size",
     "setup_rmm_pool",
     "to_numpy",
+    "worker_environment",
     "worker_state",
     "xp_dtype",
 ]

@@ -31,6 +31,7 @@ __all__ = [
     "make_specs",
     "module_available",
     "parse_size",
+    "worker_environment",
     "worker_state",
 ]
 
@@ -120,17 +121,9 @@ def make_specs(
         raise ValueError(f"n_devices must be a positive integer, got {n_devices!r}")
     streams = int(streams if streams is not None else config.get("device.streams", 1))
     if inv.backend == "cuda":
-        gpus = inv.cuda_devices
-        n = n_devices or len(gpus)
-        per_gpu = [sum(1 for i in range(n) if i % len(gpus) == g) for g in range(len(gpus))]
         limit = parse_size(device_memory if device_memory is not None else config.get("cuda.memory-limit"),
                            name="device_memory")
-        specs = []
-        for i in range(n):
-            g = gpus[i % len(gpus)]
-            mem = g["memory_total"] // per_gpu[i % len(gpus)]
-            specs.append(DeviceSpec(index=i, backend="cuda", memory=min(mem, limit) if limit else mem,
-                                    speed=1.0, physical=g["index"], name=g["name"], streams=streams))
+        specs = _cuda_specs(inv.cuda_devices, n_devices, limit, streams)
     else:
         n = n_devices or int(config.get("emulated.n-devices", 2))
         mem = parse_size(device_memory if device_memory is not None else config.get("emulated.memory"),
@@ -149,6 +142,49 @@ def make_specs(
     if device_speeds is not None and inv.backend == "cuda":
         raise ValueError("device_speeds applies to emulated devices only; CUDA devices run at their own speed")
     return specs
+
+
+def _cuda_specs(gpus: list[dict[str, Any]], n_devices: int | None, limit: int | None,
+                streams: int) -> list[DeviceSpec]:
+    """Logical devices over the visible CUDA devices (GPUs or MIG instances), round-robin: each has
+    an equal share of its device's memory (a MIG instance's own memory), at most ``limit``."""
+    n = n_devices or len(gpus)
+    per_gpu = [sum(1 for i in range(n) if i % len(gpus) == g) for g in range(len(gpus))]
+    specs = []
+    for i in range(n):
+        g = gpus[i % len(gpus)]
+        total = g.get("memory_total")
+        if not total and not limit:
+            raise ValueError(f"NVML does not report the memory of CUDA device {g.get('mig_uuid') or g['uuid']} "
+                             f"({g['name']}); give device_memory= (gdask worker --device-memory-limit)")
+        mem = total // per_gpu[i % len(gpus)] if total else limit
+        specs.append(DeviceSpec(index=i, backend="cuda", memory=min(mem, limit) if limit else mem, speed=1.0,
+                                physical=g["index"], name=g["name"], streams=streams,
+                                uuid=str(g.get("mig_uuid") or g.get("uuid") or "")))
+    return specs
+
+
+def worker_environment(specs: list[DeviceSpec], i: int) -> dict[str, str]:
+    """Environment of the worker process of ``specs[i]`` (a cluster's logical devices on one host).
+
+    A CUDA worker sees every GPU of the cluster, its own first (CUDA device 0 of the process: CuPy,
+    RMM, numba and torch use it by default), as ``dask cuda worker`` does: NCCL and CUDA IPC between
+    workers need the peers visible. GPUs are named by UUID (no device order can misread one), with
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` for ordinals. A MIG instance is named alone by its MIG UUID:
+    CUDA runs a process on one instance, and instances share no memory. Other backends: ``{}``.
+    """
+    from gdask._devices._nvml import CUDA_DEVICE_ORDER
+
+    spec = specs[i]
+    if spec.backend != "cuda":
+        return {}
+    if spec.is_mig:
+        visible = spec.visible_entry
+    else:
+        order = list(dict.fromkeys(s.visible_entry for s in specs if s.backend == "cuda" and not s.is_mig))
+        k = order.index(spec.visible_entry)
+        visible = ",".join(order[k:] + order[:k])
+    return {"CUDA_VISIBLE_DEVICES": visible, "CUDA_DEVICE_ORDER": CUDA_DEVICE_ORDER}
 
 
 def make_device(spec: DeviceSpec):

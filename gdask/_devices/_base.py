@@ -59,20 +59,37 @@ class DeviceBase:
             freed += int(func(nbytes - freed, self) or 0)
         return freed
 
-    def with_room(self, nbytes: int, alloc: Callable[[], T], what: str = "an allocation") -> T:
+    def room_for(self, requested: int | None) -> int:
+        """Bytes to ask the reclaimers for when an allocation of ``requested`` bytes did not fit.
+
+        The request, plus as much again (at most a 32nd of the device) as a margin: a task that
+        failed on one allocation usually makes more of its kind (outputs, temporaries of the same
+        shape), and a pool needs some slack to find one contiguous block. An error that does not
+        say its size asks for an eighth of the device.
+        """
+        if not requested or requested <= 0:
+            return max(1, self.budget // 8)
+        return max(1, min(self.budget, int(requested) + min(int(requested), self.budget // 32)))
+
+    def with_room(self, nbytes: int | None, alloc: Callable[[], T], what: str = "an allocation") -> T:
         """``alloc()``; when it raises :class:`~gdask.DeviceMemoryError`, ask the reclaimers for
         ``nbytes`` and retry; while they can free nothing, wait for memory that running tasks hold
         (at most config ``gdask.timeouts.memory`` seconds) and retry. The final error says what
         was asked, what is in use and where the memory is (the reclaimers' reports).
 
-        No exception is kept across the retries (only its message): an exception held in a local
-        makes a cycle with this frame, which would keep ``alloc``'s arrays charged until the garbage
-        collector runs."""
+        ``nbytes=None``: the size is not known in advance (a task's device work); each failure asks
+        for :meth:`room_for` the allocation that failed (the error's ``requested`` bytes).
+
+        No exception is kept across the retries (only its message and size): an exception held in a
+        local makes a cycle with this frame, which would keep ``alloc``'s arrays charged until the
+        garbage collector runs."""
         try:
             return alloc()
         except DeviceMemoryError as e:
-            if nbytes > self.budget:
+            asked = nbytes if nbytes is not None else getattr(e, "requested", None)
+            if asked is not None and asked > self.budget:
                 raise DeviceMemoryError(f"{e} ({what}; larger than the whole device)") from None
+            need = nbytes if nbytes is not None else self.room_for(asked)
             last = str(e)
         from gdask import config
 
@@ -82,12 +99,14 @@ class DeviceBase:
         pause = 0.002
         collected = False
         while True:
-            got = self.reclaim(nbytes)
+            got = self.reclaim(need)
             freed += got
             try:
                 return alloc()
             except DeviceMemoryError as e:
                 last = str(e)
+                if nbytes is None:
+                    need = self.room_for(getattr(e, "requested", None))
             if got > 0:
                 continue
             if not collected:  # arrays kept only by reference cycles (e.g. tracebacks) hold memory too
@@ -101,7 +120,7 @@ class DeviceBase:
         reports = [r() for r in (getattr(getattr(f, "__self__", None), "memory_report", None)
                                  for f in self.reclaimers()) if r is not None]
         raise DeviceMemoryError(
-            f"{last} ({what} of {format_bytes(nbytes)}; {format_bytes(freed)} were moved off the device and it "
+            f"{last} ({what} needing {format_bytes(need)}; {format_bytes(freed)} were moved off the device and it "
             f"still did not fit after {limit:g} s (gdask.timeouts.memory)" + "".join(f"; {r}" for r in reports) + ")"
         )
 

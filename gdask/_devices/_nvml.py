@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import threading
+import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -59,6 +60,12 @@ TOPOLOGY_LEVELS = {0: "INTERNAL", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 5
 
 _CUDA_DEV_ATTR_MULTIPROCESSOR_COUNT = 16  # cudaDevAttrMultiProcessorCount
 
+#: after a transient failure (see :attr:`NvmlState.transient`), NVML is probed again this many seconds later
+RETRY_SECONDS = 5.0
+#: NVML errors that are definitive answers about this machine (no library, no driver, not allowed):
+#: the probe's result is kept; every other NVML error may pass and is probed again
+_DEFINITIVE_ERRORS = ("LibraryNotFound", "DriverNotLoaded", "NoPermission", "FunctionNotFound", "NotSupported")
+
 _lock = threading.Lock()
 _state: NvmlState | None = None
 
@@ -75,15 +82,23 @@ class NvmlState:
         Why (or why not), for messages such as ``gdask info``.
     devices : list of dict
         One dict per GPU in NVML order: ``index``, ``name``, ``uuid``, ``pci_bus_id``,
-        ``memory_total``, ``memory_used`` (bytes), ``sm_count`` (``None`` where NVML does not
+        ``memory_total``, ``memory_used`` (bytes), ``sm_count`` (each ``None`` where NVML does not
         report it), ``mig`` (MIG mode on) and ``mig_devices`` (list of dicts: ``mig_index``,
         ``uuid``, ``name``, ``memory_total``, ``sm_count``, ``gpu_instance_id``,
         ``compute_instance_id``).
+    transient : bool
+        The probe failed in a way that may pass (NVML timed out, ran out of resources, an unknown
+        error, a query that failed): :func:`state` probes again after :data:`RETRY_SECONDS`. Definitive
+        answers (pynvml not importable, no NVML library, no driver, no GPU, or GPUs found) are kept.
+    probed_at : float
+        ``time.monotonic()`` of the probe.
     """
 
     available: bool
     reason: str
     devices: list[dict[str, Any]] = field(default_factory=list)
+    transient: bool = False
+    probed_at: float = 0.0
 
 
 def _text(value: Any) -> str:
@@ -153,6 +168,12 @@ def _mig_devices(pynvml: Any, handle: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _definitive(error: BaseException) -> bool:
+    """Whether an NVML error is a lasting fact about this machine (no library, no driver, ...)."""
+    name = type(error).__name__
+    return any(name.endswith(d) for d in _DEFINITIVE_ERRORS)
+
+
 def _probe() -> NvmlState:
     try:
         import pynvml
@@ -161,38 +182,48 @@ def _probe() -> NvmlState:
     try:
         pynvml.nvmlInit()
     except Exception as e:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...
-        return NvmlState(False, f"NVML could not be initialised: {type(e).__name__}: {e}")
+        return NvmlState(False, f"NVML could not be initialised: {type(e).__name__}: {e}",
+                         transient=not _definitive(e))
     try:
         devices = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            mem = _optional(pynvml, "nvmlDeviceGetMemoryInfo", h)  # None where NVML does not support it
             mode = _optional(pynvml, "nvmlDeviceGetMigMode", h)
             mig = bool(mode and mode[0] == getattr(pynvml, "NVML_DEVICE_MIG_ENABLE", 1))
             devices.append({
                 "index": i,
-                "name": _text(pynvml.nvmlDeviceGetName(h)),
+                "name": _text(_optional(pynvml, "nvmlDeviceGetName", h) or f"GPU {i}"),
                 "uuid": _text(pynvml.nvmlDeviceGetUUID(h)),
                 "pci_bus_id": normalize_pci_bus_id(pynvml.nvmlDeviceGetPciInfo(h).busId),
-                "memory_total": int(mem.total),
-                "memory_used": int(mem.used),
+                "memory_total": None if mem is None else int(mem.total),
+                "memory_used": None if mem is None else int(mem.used),
                 "sm_count": _nvml_sm_count(pynvml, h),
                 "mig": mig,
                 "mig_devices": _mig_devices(pynvml, h) if mig else [],
             })
-    except Exception as e:  # noqa: BLE001 - reported as the reason for "0 devices"
-        return NvmlState(False, f"NVML query failed: {type(e).__name__}: {e}")
+    except Exception as e:  # noqa: BLE001 - reported as the reason for "0 devices", probed again later
+        return NvmlState(False, f"NVML query failed: {type(e).__name__}: {e}", transient=True)
     if not devices:
         return NvmlState(False, "NVML found no CUDA devices")
     return NvmlState(True, f"NVML found {len(devices)} CUDA device(s)", devices)
 
 
 def state(refresh: bool = False) -> NvmlState:
-    """NVML inventory, probed once per process (``refresh=True`` probes again)."""
+    """NVML inventory, probed once per process (``refresh=True`` probes again).
+
+    Only definitive answers are kept for the process's life: a transient failure (a timeout, an
+    unknown NVML error, a query that failed) is probed again once :data:`RETRY_SECONDS` have passed.
+    """
     global _state
     with _lock:
-        if _state is None or refresh:
+        stale = (_state is not None and _state.transient
+                 and time.monotonic() - _state.probed_at >= RETRY_SECONDS)
+        if _state is None or refresh or stale:
             _state = _probe()
+            _state.probed_at = time.monotonic()
+            if _state.transient:
+                logger.info("NVML probe failed (%s); probing again in %g s", _state.reason, RETRY_SECONDS)
         return _state
 
 
@@ -203,16 +234,38 @@ def reset() -> None:
         _state = None
 
 
-def utilization(index: int) -> dict[str, Any]:
-    """Live utilisation and memory of one CUDA device ({} where NVML is unavailable)."""
+def utilization(index: int, uuid: str | None = None) -> dict[str, Any]:
+    """Live utilisation and memory of one CUDA device ({} where NVML is unavailable).
+
+    Parameters
+    ----------
+    index : int
+        NVML index of the GPU.
+    uuid : str, optional
+        The device's UUID; a MIG instance's (``MIG-...``) reads that instance's memory.
+
+    Returns
+    -------
+    dict
+        ``gpu_util``, ``mem_util`` (percent), ``memory_used``, ``memory_total`` (bytes); a reading
+        NVML does not support (utilisation of a MIG instance or of a GPU in MIG mode) or that fails
+        is ``None``, never an error.
+    """
     if not state().available:
         return {}
     import pynvml
 
-    h = pynvml.nvmlDeviceGetHandleByIndex(index)
-    u = pynvml.nvmlDeviceGetUtilizationRates(h)
-    m = pynvml.nvmlDeviceGetMemoryInfo(h)
-    return {"gpu_util": u.gpu, "mem_util": u.memory, "memory_used": int(m.used), "memory_total": int(m.total)}
+    handle = None
+    if uuid and uuid.upper().startswith("MIG-"):
+        handle = _optional(pynvml, "nvmlDeviceGetHandleByUUID", uuid)
+    if handle is None:
+        handle = _optional(pynvml, "nvmlDeviceGetHandleByIndex", index)
+    if handle is None:
+        return {"gpu_util": None, "mem_util": None, "memory_used": None, "memory_total": None}
+    u = _optional(pynvml, "nvmlDeviceGetUtilizationRates", handle)
+    m = _optional(pynvml, "nvmlDeviceGetMemoryInfo", handle)
+    return {"gpu_util": getattr(u, "gpu", None), "mem_util": getattr(u, "memory", None),
+            "memory_used": None if m is None else int(m.used), "memory_total": None if m is None else int(m.total)}
 
 
 # -- device of this process -------------------------------------------------------------------------
@@ -234,6 +287,25 @@ def _as_visible(gpu: dict[str, Any], entry: str, mig: dict[str, Any] | None = No
     return out
 
 
+def _as_gpu(gpu: dict[str, Any], entry: str) -> dict[str, Any]:
+    """A GPU named by ordinal or GPU UUID. CUDA runs a process on one MIG instance at most: a GPU in
+    MIG mode named so is its first instance (its memory and SMs, not the whole GPU's)."""
+    migs = gpu.get("mig_devices") or ()
+    return _as_visible(gpu, entry, migs[0] if gpu.get("mig") and migs else None)
+
+
+def _every_device(devices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What an unset ``CUDA_VISIBLE_DEVICES`` gives: every GPU, a GPU in MIG mode as its MIG
+    instances (addressed by their UUIDs; one without instances runs no CUDA work and is left out)."""
+    out = []
+    for d in devices:
+        if d.get("mig"):
+            out.extend(_as_visible(d, mig["uuid"], mig) for mig in d.get("mig_devices") or ())
+        else:
+            out.append(_as_visible(d, str(d["index"])))
+    return out
+
+
 def _resolve_entry(entry: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
     if re.fullmatch(r"\d+", entry):
         k = int(entry)
@@ -241,7 +313,7 @@ def _resolve_entry(entry: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
             raise ValueError(f"CUDA_VISIBLE_DEVICES entry {entry!r} is GPU ordinal {k}, but NVML sees "
                              f"{len(devices)} GPU(s) ({_seen(devices)}); use an ordinal below "
                              f"{len(devices)} or a GPU UUID")
-        return _as_visible(devices[k], entry)
+        return _as_gpu(devices[k], entry)
     low = entry.lower()
     if low.startswith("mig-"):
         rest = entry[4:]
@@ -262,7 +334,7 @@ def _resolve_entry(entry: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
     prefix = _strip_gpu(entry)
     matches = [d for d in devices if prefix and _strip_gpu(d["uuid"]).startswith(prefix)]
     if len(matches) == 1:
-        return _as_visible(matches[0], entry)
+        return _as_gpu(matches[0], entry)
     if len(matches) > 1:
         raise ValueError(f"CUDA_VISIBLE_DEVICES entry {entry!r} is a prefix of {len(matches)} GPU UUIDs "
                          f"({_seen(matches)}); give more of the UUID")
@@ -301,7 +373,7 @@ def resolve_visible(value: str | None, devices: list[dict[str, Any]],
         list (with a warning), and an empty value or a negative ordinal hides every GPU from there.
     """
     if value is None:
-        return [_as_visible(d, str(d["index"])) for d in devices]
+        return _every_device(devices)
     out: list[dict[str, Any]] = []
     for n, raw in enumerate(value.split(",")):
         entry = raw.strip()

@@ -42,9 +42,17 @@ class DeviceSpec:
     bandwidth : int or None
         Emulated host<->device bandwidth in bytes/s; ``None`` means transfers cost nothing extra.
     physical : int
-        CUDA device ordinal this logical device lives on (cuda only).
+        NVML index of the GPU this logical device lives on (cuda only; the parent GPU of a MIG
+        instance). Equal to the CUDA ordinal under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``.
     name : str
         Human-readable name ("NVIDIA H200", "emulated").
+    streams : int
+        Streams (threads on emulated devices) the device's worker starts with.
+    uuid : str
+        The CUDA device this logical device runs on (cuda only, "" where unknown): a GPU UUID
+        (``GPU-...``) or, for a MIG instance, the instance's UUID (``MIG-...``). Its worker's
+        ``CUDA_VISIBLE_DEVICES`` names it. Logical devices with the same ``uuid`` share one GPU
+        (``n_devices`` larger than the GPUs): they cannot be separate NCCL ranks.
     """
 
     index: int
@@ -55,6 +63,7 @@ class DeviceSpec:
     physical: int = 0
     name: str = "emulated"
     streams: int = 1
+    uuid: str = ""
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -68,6 +77,16 @@ class DeviceSpec:
             raise ValueError(f"device bandwidth must be > 0 bytes/s or None, got {self.bandwidth!r}")
         if self.streams < 1:
             raise ValueError(f"streams must be >= 1, got {self.streams!r}")
+
+    @property
+    def is_mig(self) -> bool:
+        """Whether this device is a MIG instance (a slice of a GPU with its own memory and SMs)."""
+        return self.uuid.upper().startswith("MIG-")
+
+    @property
+    def visible_entry(self) -> str:
+        """What names this device in ``CUDA_VISIBLE_DEVICES``: its UUID, else its NVML index."""
+        return self.uuid or str(self.physical)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
