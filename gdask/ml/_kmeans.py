@@ -647,37 +647,21 @@ def _farthest_rows(blk, centers, m, w=None):
     labels, mind = (to_numpy(a) for a in kernels.assign(blk, centers))
     m = min(m, mind.shape[0])
     idx = np.argpartition(-mind, m - 1)[:m] if m < mind.shape[0] else np.arange(mind.shape[0])
+    idx = idx[np.lexsort((idx, -mind[idx]))]  # farthest first, equal distances in row order
     ws = np.ones(idx.size) if w is None else to_numpy(_take(w, idx)).astype(np.float64)
     return mind[idx], labels[idx], to_numpy(_take(blk, idx)), ws
 
 
 def _next_centers(stats: dict, centers: np.ndarray, dtype: Any, far: tuple | None = None) -> np.ndarray | None:
-    """The new centers from one iteration's combined statistics: the mean of each cluster's rows.
-    Empty clusters take the rows farthest from their centers, which leave their old clusters
-    (scikit-learn's rule): those the pass reported, or ``far`` = (squared distances, labels, rows,
-    weights) from a separate pass. ``None`` when more clusters are empty than there are such rows,
-    or the sums are not finite."""
-    sums, counts = stats["sums"], stats["counts"]
-    if not np.isfinite(sums).all():
+    """The new centers from one iteration's combined statistics, as scikit-learn computes them
+    (:func:`gdask.ml.kernels.next_centers`): empty clusters take the rows farthest from their centers,
+    those the pass reported or ``far`` = (squared distances, labels, rows, weights) from a separate
+    pass. ``None`` when more clusters are empty than there are such rows, or the sums are not finite."""
+    if not np.isfinite(stats["sums"]).all():
         return None
-    empty = np.nonzero(counts == 0)[0]
-    if empty.size:
-        dists, labels, rows, ws = far if far is not None else (stats[k] for k in kernels.FAR)
-        if empty.size > len(dists):
-            return None
-        sums, counts = sums.copy(), counts.copy()
-        rows = rows.astype(np.float64)
-        order = np.argsort(-dists, kind="stable")[:empty.size]
-        for new_c, j in zip(empty, order):
-            old_c = labels[j]
-            sums[old_c] -= ws[j] * rows[j]
-            counts[old_c] -= ws[j]
-            sums[new_c] = ws[j] * rows[j]
-            counts[new_c] = ws[j]
-    new = centers.astype(np.float64).copy()
-    nz = counts > 0
-    new[nz] = sums[nz] / counts[nz, None]
-    return new.astype(dtype)
+    far = far if far is not None else tuple(stats[k] for k in kernels.FAR)
+    new = kernels.next_centers(stats["sums"], stats["counts"], centers, far)
+    return None if new is None else new.astype(dtype)
 
 
 def _collect_finals(finals: list, G: GDataSet, labels: bool) -> tuple[np.ndarray | None, float]:

@@ -119,6 +119,23 @@ def tile_argmin2(dist, m, mind, mind2, lab):  # pragma: no cover - compiled
 
 
 @njit(inline="always")
+def exact_sqdist(xt, i, crow):  # pragma: no cover - compiled
+    """``|x_i - c|^2`` without cancellation: differences in the block's dtype, summed in float64."""
+    di = 0.0
+    for j in range(xt.shape[0]):
+        v = xt[j, i] - crow[j]
+        di += v * v
+    return di
+
+
+@njit(inline="always")
+def expanded_error(xt):  # pragma: no cover - compiled
+    """``m`` such that the expanded distance ``|x|^2 + |c|^2 - 2 x.c`` (the products in the block's
+    dtype) is within ``m (|x|^2 + |c|^2)`` of the exact one: ``2 (d + 8) eps``."""
+    return 2.0 * (xt.shape[0] + 8) * (1.1920929e-07 if xt.itemsize == 4 else 2.220446049250313e-16)
+
+
+@njit(inline="always")
 def smallest(v):  # pragma: no cover - compiled
     out = v[0]
     for t in range(1, v.shape[0]):

@@ -19,6 +19,8 @@ from numba import njit
 from gdask.ml.kernels._common import N_FARTHEST, BlockBounds, center_geometry
 from gdask.ml.kernels._cpu_common import (
     TILE,
+    exact_sqdist,
+    expanded_error,
     keep_farthest,
     prepare_centers,
     row_norms,
@@ -42,12 +44,14 @@ def _first_pass_numba(xt, w, centers, norms, sums, counts, labels, bounds, topv,
                       topl):  # compiled
     """Labels, and in ``bounds[0]`` / ``bounds[1]`` an upper bound on the distance to the chosen
     center / a lower bound on the distance to any other, from the expanded form widened by its worst
-    rounding error, ~(d + 8) eps (|x| + |c|)^2; sums, counts and the farthest rows as the Lloyd
-    kernel. Returns ``sum_i w_i |x_i|^2`` (float64, from ``norms``)."""
+    rounding error, ~(d + 8) eps (|x| + |c|)^2; sums, counts and the farthest rows (by their exact
+    distances) as the Lloyd kernel. Returns ``sum_i w_i |x_i|^2`` (float64, from ``norms``)."""
     d, n = xt.shape
     k = centers.shape[0]
     marg = (d + 8) * (1.1920929e-07 if xt.itemsize == 4 else 2.220446049250313e-16)
     c2, cn, cmax = prepare_centers(centers, xt.dtype)
+    emarg = expanded_error(xt)
+    cmax2 = cmax * cmax
     dist = np.empty((k, TILE), xt.dtype)
     lab = np.empty(TILE, np.int64)
     mind = np.empty(TILE, xt.dtype)
@@ -85,8 +89,10 @@ def _first_pass_numba(xt, w, centers, norms, sums, counts, labels, bounds, topv,
                     srow[j] += wi * xt[j, i0 + i]
             counts[li] += wi
             di = max(xn[i] + mind[i], 0.0)
-            if di > thr:
-                thr = keep_farthest(di, i0 + i, li, topv, topi, topl)
+            if di + emarg * (xn[i] + cmax2) > thr:  # may be among the q farthest: its exact distance decides
+                ex = exact_sqdist(xt, i0 + i, centers[li])
+                if ex > thr:
+                    thr = keep_farthest(ex, i0 + i, li, topv, topi, topl)
     return sxx
 
 

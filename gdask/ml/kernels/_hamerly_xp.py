@@ -10,7 +10,7 @@ import numpy as np
 
 from gdask.devices import array_namespace, asarray_like, to_numpy
 from gdask.ml.kernels._common import N_FARTHEST, BlockBounds, center_geometry, device_of
-from gdask.ml.kernels._kmeans_xp import cluster_sums
+from gdask.ml.kernels._kmeans_xp import cluster_sums, expanded_distances
 
 __all__ = ["assigned_sqdist", "expand", "first_pass", "step"]
 
@@ -24,7 +24,7 @@ def first_pass(blk: Any, cf: np.ndarray, w: Any = None) -> BlockBounds:
     c = asarray_like(np.asarray(cf, dtype=np.float64), blk)
     x = xp.astype(blk, xp.float64)
     xn = xp.sum(x * x, axis=1)
-    d2 = xn[:, None] - 2.0 * (x @ c.T) + xp.sum(c * c, axis=1)[None, :]
+    d2 = expanded_distances(x, c, with_norms=True)
     labels = xp.argmin(d2, axis=1)
     diff = x - xp.take(c, labels, axis=0)
     upper = xp.sqrt(xp.sum(diff * diff, axis=1))

@@ -14,7 +14,7 @@ import numpy as np
 from gdask.ml.kernels import _dispatch
 from gdask.ml.kernels._common import FAR, N_FARTHEST
 
-__all__ = ["assign", "labels_block", "lloyd_combine", "lloyd_partial", "min_sqdist"]
+__all__ = ["assign", "labels_block", "lloyd_combine", "lloyd_partial", "min_sqdist", "next_centers"]
 
 
 def lloyd_partial(blk: Any, centers: Any, w: Any = None) -> dict:
@@ -53,3 +53,56 @@ def labels_block(blk: Any, centers: Any) -> Any:
 
 def min_sqdist(blk: Any, centers: Any) -> Any:
     return assign(blk, centers)[1]
+
+
+def next_centers(sums: np.ndarray, counts: np.ndarray, centers: np.ndarray,
+                 far: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray | None:
+    """The centers after one Lloyd pass, as scikit-learn computes them (its
+    ``_relocate_empty_clusters_dense`` then ``_average_centers``), in float64.
+
+    Parameters
+    ----------
+    sums, counts : (k, d), (k,) float64
+        Weighted per-cluster sums and weights of the pass (all blocks combined).
+    centers : (k, d)
+        The centers the pass assigned the rows to (returned unchanged where nothing moved them).
+    far : (squared distances, labels, rows, weights)
+        Rows farthest from their centers, at least as many as there are empty clusters (or all rows
+        there are), with their exact squared distances; equal distances keep their order.
+
+    Returns
+    -------
+    (k, d) float64, or ``None`` when more clusters are empty than ``far`` has rows and those rows
+    are not all at distance 0 (the caller then finds more, e.g. with ``_farthest_rows``).
+
+    Empty clusters (weight 0), in increasing order, take the farthest rows, farthest first: each
+    such row leaves its cluster's sum and weight for a cluster of its own. Nothing moves when every
+    row sits on its center (scikit-learn: "more clusters than non-duplicate samples"). Then every
+    cluster with weight takes the mean of its rows, and a cluster still without weight takes the
+    place of the heaviest one (the first of the heaviest) as scikit-learn's loop leaves it: that
+    cluster's mean when it comes first, else its (weighted) sum.
+    """
+    sums = np.array(sums, dtype=np.float64)
+    counts = np.array(counts, dtype=np.float64)
+    empty = np.flatnonzero(counts == 0)
+    if empty.size:
+        dists, labels, rows, ws = (np.asarray(a) for a in far)
+        if dists.size and float(dists.max()) > 0:
+            if empty.size > dists.size:
+                return None
+            order = np.argsort(-dists, kind="stable")[:empty.size]
+            for new_c, j in zip(empty, order):
+                old_c = int(labels[j])
+                x = ws[j] * rows[j].astype(np.float64)
+                sums[old_c] -= x
+                counts[old_c] -= ws[j]
+                sums[new_c] = x
+                counts[new_c] = ws[j]
+    out = np.asarray(centers, dtype=np.float64).copy()
+    heaviest = int(np.argmax(counts))
+    for j in range(counts.shape[0]):
+        if counts[j] > 0:
+            out[j] = sums[j] / counts[j]
+        else:
+            out[j] = out[heaviest] if heaviest < j else sums[heaviest]
+    return out

@@ -16,6 +16,8 @@ from numba import njit
 from gdask.ml.kernels._common import N_FARTHEST
 from gdask.ml.kernels._cpu_common import (
     TILE,
+    exact_sqdist,
+    expanded_error,
     keep_farthest,
     prepare_centers,
     row_norms,
@@ -31,10 +33,14 @@ __all__ = ["assign", "lloyd_partial"]
 def _lloyd_stats(xt, w, centers, norms, sums, counts, topv, topi, topl):  # pragma: no cover - compiled
     """Add the block's rows to ``sums`` / ``counts`` of their nearest centers; returns the inertia
     (from the expanded distances and ``norms``, |x|^2 per row in float64) and keeps the ``q`` rows
-    farthest from their centers in ``topv`` / ``topi`` / ``topl``."""
+    farthest from their centers in ``topv`` / ``topi`` / ``topl``, ranked by their exact distances:
+    a row whose expanded distance, widened by its rounding error, beats the nearest kept row gets its
+    exact distance computed (the others cannot beat it)."""
     d, n = xt.shape
     k = centers.shape[0]
-    c2, cn, _ = prepare_centers(centers, xt.dtype)
+    c2, cn, cmax = prepare_centers(centers, xt.dtype)
+    marg = expanded_error(xt)
+    cmax2 = cmax * cmax
     dist = np.empty((k, TILE), xt.dtype)
     lab = np.empty(TILE, np.int64)
     mind = np.empty(TILE, xt.dtype)
@@ -57,10 +63,13 @@ def _lloyd_stats(xt, w, centers, norms, sums, counts, topv, topi, topl):  # prag
                 for j in range(d):
                     srow[j] += wi * xt[j, i0 + i]
             counts[li] += wi
-            di = max(norms[i0 + i] + mind[i], 0.0)
+            xn = norms[i0 + i]
+            di = max(xn + mind[i], 0.0)
             inertia += wi * di
-            if di > thr:  # keep the q rows farthest from their centers (empty-cluster relocation)
-                thr = keep_farthest(di, i0 + i, li, topv, topi, topl)
+            if di + marg * (xn + cmax2) > thr:  # may be among the q farthest (empty-cluster relocation)
+                ex = exact_sqdist(xt, i0 + i, centers[li])
+                if ex > thr:
+                    thr = keep_farthest(ex, i0 + i, li, topv, topi, topl)
     return inertia
 
 
@@ -79,13 +88,8 @@ def _assign_rows(xt, centers, labels, rowd):  # pragma: no cover - compiled
         tile_argmin(dist, m, mind, lab)
         for i in range(m):
             li = lab[i]
-            crow = centers[li]
-            di = 0.0
-            for j in range(d):
-                v = xt[j, i0 + i] - crow[j]
-                di += v * v
             labels[i0 + i] = li
-            rowd[i0 + i] = di
+            rowd[i0 + i] = exact_sqdist(xt, i0 + i, centers[li])
 
 
 def lloyd_partial(blk: np.ndarray, centers: np.ndarray, w: np.ndarray | None = None) -> dict:

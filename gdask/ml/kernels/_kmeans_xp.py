@@ -6,10 +6,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from gdask.devices import array_namespace, astype
+import numpy as np
+
+from gdask.devices import array_namespace, asarray_like, astype, to_numpy
 from gdask.ml.kernels._common import N_FARTHEST, XP_CHUNK, device_of
 
-__all__ = ["assign", "cluster_sums", "lloyd_partial"]
+__all__ = ["assign", "cluster_sums", "expanded_distances", "lloyd_partial"]
+
+
+def expanded_distances(x: Any, c: Any, with_norms: bool = False) -> Any:
+    """``|c|^2 - 2 x.c`` (plus ``|x|^2`` when ``with_norms``) for every row and center, in the dtype of
+    ``x`` and ``c``, with coincident centers given bit-identical columns: a matrix product may round
+    equal columns differently (BLAS kernels treat edge columns apart), which would scatter rows among
+    centers that are really one and keep them from being empty. Distances are computed for the
+    distinct centers and spread to their copies."""
+    xp = array_namespace(x)
+    host = to_numpy(c)
+    _, first, inverse = np.unique(host, axis=0, return_index=True, return_inverse=True)
+    if first.shape[0] < host.shape[0]:
+        cu = xp.take(c, asarray_like(first.astype(np.int64), x), axis=0)
+        return xp.take(expanded_distances(x, cu, with_norms), asarray_like(inverse.reshape(-1).astype(np.int64), x),
+                       axis=1)
+    if with_norms:
+        return xp.sum(x * x, axis=1)[:, None] - 2.0 * (x @ c.T) + xp.sum(c * c, axis=1)[None, :]
+    return xp.sum(c * c, axis=1)[None, :] - 2 * (x @ c.T)
 
 
 def assign(blk: Any, centers: Any) -> tuple[Any, Any]:
@@ -17,7 +37,7 @@ def assign(blk: Any, centers: Any) -> tuple[Any, Any]:
     squared distance to the chosen center summed in float64."""
     xp = array_namespace(blk)
     c = astype(centers, blk.dtype)
-    d2 = xp.sum(c * c, axis=1)[None, :] - 2 * (blk @ c.T)
+    d2 = expanded_distances(blk, c)
     labels = xp.argmin(d2, axis=1)
     diff = blk - xp.take(c, labels, axis=0)
     return xp.astype(labels, xp.int32), xp.sum(diff * diff, axis=1, dtype=xp.float64)
