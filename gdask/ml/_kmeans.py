@@ -26,7 +26,7 @@ from gdask.gdataset import (
     sum_parts,
 )
 from gdask.gdataset import from_dask_array as gdask_from_dask_array
-from gdask.ml import _bounds, _kernels
+from gdask.ml import kernels
 from gdask.ml._input import all_finite, estimator_job, in_task_scope
 from gdask.ml._input import check_finite as _check_finite
 from gdask.ml._input import is_host_input as _is_host_input
@@ -80,7 +80,7 @@ def _take(x, idx):
 def _sample_block(blk, centers, factor, phi, seed, w=None):
     """k-means|| oversampling: keep each row with probability ``factor * w d(x)^2 / phi``. The draws
     are made on the host (a seeded NumPy generator: the same rows on every backend)."""
-    d2 = to_numpy(_kernels.min_sqdist(blk, centers))
+    d2 = to_numpy(kernels.min_sqdist(blk, centers))
     if w is not None:
         d2 = d2 * to_numpy(w)
     rng = np.random.default_rng(seed)
@@ -89,7 +89,7 @@ def _sample_block(blk, centers, factor, phi, seed, w=None):
 
 
 def _count_nearest(blk, centers, w=None):
-    labels = to_numpy(_kernels.labels_block(blk, centers))
+    labels = to_numpy(kernels.labels_block(blk, centers))
     return np.bincount(labels, weights=None if w is None else to_numpy(w),
                        minlength=centers.shape[0]).astype(np.float64)
 
@@ -112,7 +112,7 @@ def _take_rows(blk, idx):
 
 
 def _sum_mind(blk, centers, w=None):
-    return _bounds.weighted_total(_kernels.min_sqdist(blk, centers), w)
+    return kernels.weighted_total(kernels.min_sqdist(blk, centers), w)
 
 
 class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
@@ -500,7 +500,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         self._check_fitted()
         G, _ = self._prepare(X, reset=False)
         _, mind = self._assign(G, self._centers_for(G))
-        return -_bounds.weighted_total(mind, self._weights(sample_weight, G))
+        return -kernels.weighted_total(mind, self._weights(sample_weight, G))
 
 
 class _NotFinite(ArithmeticError):
@@ -540,9 +540,9 @@ class _Loop:
         """The per-block function of the next pass and its extra arguments (before the weights)."""
         if self.bounds and self.settled:
             self.cargs = (token,)
-            return _bounds.bounds_partial, self.cargs
+            return kernels.bounds_partial, self.cargs
         self.cargs = ()  # while centers still jump, nearly every row fails its bounds: plain Lloyd is cheaper
-        return _kernels.lloyd_partial, self.cargs
+        return kernels.lloyd_partial, self.cargs
 
     def advance(self, stats: dict, farthest: Any, t0: float) -> tuple[bool, dict]:
         """Take the step from one pass's combined statistics: (converged, the iteration's record).
@@ -611,7 +611,7 @@ class _KMeansLoop(IterativeAlgorithm):
                                history=loop.history)
                 for b, p in zip(missing, redo):
                     parts[b] = p
-            stats = _kernels.lloyd_combine(parts)  # in block order, wherever the blocks are
+            stats = kernels.lloyd_combine(parts)  # in block order, wherever the blocks are
             if not np.isfinite(stats["sums"]).all():  # every row is in some sum: NaN/inf in X show up here
                 raise _NotFinite("non-finite K-means sums")
             done, record = loop.advance(stats, farthest, t0)
@@ -644,40 +644,24 @@ def _settled(centers: np.ndarray, moves: np.ndarray) -> bool:
 
 
 def _farthest_rows(blk, centers, m, w=None):
-    labels, mind = (to_numpy(a) for a in _kernels.assign(blk, centers))
+    labels, mind = (to_numpy(a) for a in kernels.assign(blk, centers))
     m = min(m, mind.shape[0])
     idx = np.argpartition(-mind, m - 1)[:m] if m < mind.shape[0] else np.arange(mind.shape[0])
+    idx = idx[np.lexsort((idx, -mind[idx]))]  # farthest first, equal distances in row order
     ws = np.ones(idx.size) if w is None else to_numpy(_take(w, idx)).astype(np.float64)
     return mind[idx], labels[idx], to_numpy(_take(blk, idx)), ws
 
 
 def _next_centers(stats: dict, centers: np.ndarray, dtype: Any, far: tuple | None = None) -> np.ndarray | None:
-    """The new centers from one iteration's combined statistics: the mean of each cluster's rows.
-    Empty clusters take the rows farthest from their centers, which leave their old clusters
-    (scikit-learn's rule): those the pass reported, or ``far`` = (squared distances, labels, rows,
-    weights) from a separate pass. ``None`` when more clusters are empty than there are such rows,
-    or the sums are not finite."""
-    sums, counts = stats["sums"], stats["counts"]
-    if not np.isfinite(sums).all():
+    """The new centers from one iteration's combined statistics, as scikit-learn computes them
+    (:func:`gdask.ml.kernels.next_centers`): empty clusters take the rows farthest from their centers,
+    those the pass reported or ``far`` = (squared distances, labels, rows, weights) from a separate
+    pass. ``None`` when more clusters are empty than there are such rows, or the sums are not finite."""
+    if not np.isfinite(stats["sums"]).all():
         return None
-    empty = np.nonzero(counts == 0)[0]
-    if empty.size:
-        dists, labels, rows, ws = far if far is not None else (stats[k] for k in _kernels._FAR)
-        if empty.size > len(dists):
-            return None
-        sums, counts = sums.copy(), counts.copy()
-        rows = rows.astype(np.float64)
-        order = np.argsort(-dists, kind="stable")[:empty.size]
-        for new_c, j in zip(empty, order):
-            old_c = labels[j]
-            sums[old_c] -= ws[j] * rows[j]
-            counts[old_c] -= ws[j]
-            sums[new_c] = ws[j] * rows[j]
-            counts[new_c] = ws[j]
-    new = centers.astype(np.float64).copy()
-    nz = counts > 0
-    new[nz] = sums[nz] / counts[nz, None]
-    return new.astype(dtype)
+    far = far if far is not None else tuple(stats[k] for k in kernels.FAR)
+    new = kernels.next_centers(stats["sums"], stats["counts"], centers, far)
+    return None if new is None else new.astype(dtype)
 
 
 def _collect_finals(finals: list, G: GDataSet, labels: bool) -> tuple[np.ndarray | None, float]:
@@ -694,23 +678,23 @@ def _narrow(labels: np.ndarray, k: int) -> np.ndarray:
 
 
 def _labels_host(blk, centers, w=None, labels=True):
-    lab, mind = _kernels.assign(blk, centers)
-    return (_narrow(to_numpy(lab), centers.shape[0]) if labels else None), _bounds.weighted_total(mind, w)
+    lab, mind = kernels.assign(blk, centers)
+    return (_narrow(to_numpy(lab), centers.shape[0]) if labels else None), kernels.weighted_total(mind, w)
 
 
 def _bounds_labels_host(blk, centers, token, w=None, history=None, labels=True):
-    lab, inertia = _bounds.bounds_labels(blk, centers, token, w, history=history)
+    lab, inertia = kernels.bounds_labels(blk, centers, token, w, history=history)
     return (_narrow(to_numpy(lab), centers.shape[0]) if labels else None), inertia
 
 
 def _labels_block(blk, centers):
     _require_finite(blk)
-    return _kernels.assign(blk, centers)[0]
+    return kernels.assign(blk, centers)[0]
 
 
 def _assign_host(blk, centers):
     _require_finite(blk)
-    labels, mind = _kernels.assign(blk, centers)
+    labels, mind = kernels.assign(blk, centers)
     return [(to_numpy(labels), to_numpy(mind))]
 
 

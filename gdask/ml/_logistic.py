@@ -22,7 +22,7 @@ from gdask.gdataset import (
     sum_parts,
 )
 from gdask.gdataset import from_dask_array as gdask_from_dask_array
-from gdask.ml import _logistic_kernels as _k
+from gdask.ml import kernels as _k
 from gdask.ml._input import all_finite, estimator_job, in_task_scope
 from gdask.ml._input import check_finite as _check_finite
 from gdask.ml._input import is_host_input as _is_host_input
@@ -691,7 +691,7 @@ def _predict_block(X, coef, intercept, classes):
 
 
 def _checked_decision(X, coef, intercept):
-    """:func:`_logistic_kernels.decision` of one block; NaN or infinity in it raises, as for NumPy
+    """:func:`gdask.ml.kernels.decision` of one block; NaN or infinity in it raises, as for NumPy
     input (scikit-learn's check)."""
     if not all_finite(X):
         raise ValueError(f"Input X contains NaN or infinity (in a block of {X.shape[0]} rows); remove or impute "
@@ -745,7 +745,7 @@ def _weighted_bincount(y, k, w=None):
 
 
 def _weight_sum(y, w=None, class_w=None):
-    s = _k._row_weights(y, w, class_w)
+    s = _k.row_weights(y, w, class_w)
     if s is None:
         return float(y.shape[0])
     return float(s.sum() if isinstance(s, np.ndarray) else array_namespace(s).sum(s))
