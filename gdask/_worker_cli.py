@@ -3,8 +3,9 @@
 One worker process per device of this node: every visible GPU (``CUDA_VISIBLE_DEVICES`` rotated so
 that each worker's own GPU comes first, ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, an RMM pool), or
 ``--n-devices`` emulated devices. Each worker gets the same plugins a ``LocalGPUCluster`` worker gets
-(:func:`gdask.scheduling.worker_plugins`: its device, streams, state and metrics; the job monitor)
-and gdask's window store as its data, and logs one line naming its device, memory, pool and streams.
+(those of config ``gdask.plugins.worker``: its device, streams, state and metrics; the job monitor;
+gdask.ml's kernel warm-up) and gdask's window store as its data, and logs one line naming its device,
+memory, pool and streams.
 """
 
 from __future__ import annotations
@@ -100,8 +101,8 @@ def _resources(text: str | None) -> dict[str, float]:
 def worker_kwargs(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Keyword arguments of one ``Nanny`` (or ``Worker``) per device of this node."""
     from gdask import config
+    from gdask._plugins import device_plugin, worker_plugins
     from gdask.devices import make_specs
-    from gdask.scheduling import worker_plugins
 
     speeds = None if args.device_speeds is None else [float(s) for s in args.device_speeds.split(",")]
     device_memory = args.device_memory_limit if args.backend == "cuda" else args.device_memory
@@ -117,8 +118,9 @@ def worker_kwargs(args: argparse.Namespace) -> list[dict[str, Any]]:
     out = []
     for i, spec in enumerate(specs):
         name = f"{prefix}-{i}"
+        # config gdask.plugins.worker: the device and job monitor, gdask.ml's kernel warm-up, ...
         plugins = worker_plugins({name: spec}, rmm_pool_size=args.rmm_pool_size, max_streams=args.max_streams)
-        nthreads = max(args.nthreads or 0, plugins[0].worker_threads())
+        nthreads = max(args.nthreads or 0, device_plugin(plugins).worker_threads())
         env = {}
         if spec.backend == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = rotated_devices(order, order.index(visible[i]))

@@ -6,6 +6,7 @@ import logging
 import math
 import numbers
 import time
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import dask
@@ -20,16 +21,21 @@ from gdask.gdataset import (
     Progress,
     device_call,
     from_array,
-    from_dataframe,
     persisted_futures,
     run_loop,
     sum_parts,
 )
-from gdask.gdataset import from_dask_array as gdask_from_dask_array
 from gdask.ml import _bounds, _kernels
-from gdask.ml._input import all_finite, estimator_job, in_task_scope
-from gdask.ml._input import check_finite as _check_finite
-from gdask.ml._input import is_host_input as _is_host_input
+from gdask.ml._base import (
+    DeviceEstimatorMixin,
+    Input,
+    NotFinite,
+    check_finite,
+    host_array,
+    in_task_scope,
+    require_finite,
+    shared_docs,
+)
 
 logger = logging.getLogger("gdask.ml")
 
@@ -115,7 +121,8 @@ def _sum_mind(blk, centers, w=None):
     return _bounds.weighted_total(_kernels.min_sqdist(blk, centers), w)
 
 
-class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
+@shared_docs
+class KMeans(DeviceEstimatorMixin, ClusterMixin, TransformerMixin, BaseEstimator):
     """K-means clustering (Lloyd) over device-resident blocks, scikit-learn API.
 
     Accepts NumPy / CuPy arrays, pandas DataFrames and GDataSets; works with a
@@ -170,21 +177,17 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         state per row on the device instead of 8 per row and center), and only rows whose bounds
         no longer prove their cluster are looked at. "auto" is "elkan" from 8 features up (below,
         distances are too cheap for the bookkeeping to pay).
-    gpu : float, optional
-        Fit inside ``gdask.job(client, gpu=gpu, memory=memory, name=job_name)``: a share of a
-        device of the current Client's cluster (see :func:`gdask.job`). Default None: no share
-        is asked for (and none without a Client).
-    memory : int or str, optional
-        Device memory of that share (``"4GiB"``); default ``gpu`` times the device's memory.
-    job_name : str, optional
-        The job's name in :func:`gdask.scheduling.jobs` (default: the class name and a random suffix).
+    {job_parameters}
+    {output_type_parameter}
 
     Attributes
     ----------
-    cluster_centers_, inertia_, n_iter_, n_features_in_
+    cluster_centers_ : array of shape (n_clusters, n_features)
+        NumPy (CuPy for CuPy input; see ``output_type``).
+    inertia_, n_iter_, n_features_in_
     labels_ : array
-        NumPy (CuPy for CuPy input); a lazy collection blocked like X (GDataSet, or dask array)
-        for GDataSet or dask input.
+        NumPy (CuPy for CuPy input; see ``output_type``); a lazy collection blocked like X
+        (GDataSet, or dask array) for GDataSet or dask input.
     iteration_times_ : list of float
         Seconds per iteration (without the set-up and the final labels pass).
     history_ : list of dict
@@ -197,7 +200,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
                  tol: float = 1e-4, verbose: bool | int = False, random_state: Any = None, copy_x: bool = True,
                  algorithm: str = "auto", oversampling_factor: float = 2.0, init_max_iter: int = 5,
                  init_sample: int = 200_000, callback: Any = None, gpu: float | None = None, memory: Any = None,
-                 job_name: str | None = None) -> None:
+                 job_name: str | None = None, output_type: str | None = None) -> None:
         self.n_clusters = n_clusters
         self.init = init
         self.n_init = n_init
@@ -214,6 +217,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         self.gpu = gpu
         self.memory = memory
         self.job_name = job_name
+        self.output_type = output_type
 
     # -- validation ----------------------------------------------------------------------------
     def _check_params(self, n_samples: int, n_features: int) -> None:
@@ -250,34 +254,11 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         if not np.isfinite(np.asarray(to_numpy(init), dtype=np.float64)).all():
             raise ValueError("init array contains NaN or infinity")
 
-    def _prepare(self, X: Any, reset: bool) -> tuple[GDataSet, str]:
-        """(GDataSet, kind of input: 'numpy' | 'cupy' | 'gdataset' | 'dask'). Host input goes through
-        scikit-learn's ``validate_data`` (same errors, ``n_features_in_``, ``feature_names_in_``)."""
-        if _is_host_input(X):
-            from sklearn.utils.validation import validate_data
-
-            X = validate_data(self, X, accept_sparse=False, dtype=[np.float64, np.float32], reset=reset)
-            return from_array(X), "numpy"
-        if isinstance(X, GDataSet):
-            G, kind = X, "gdataset"
-        elif type(X).__module__.split(".")[0] == "cupy":
-            G, kind = from_array(X), "cupy"
-        else:  # dask / cuDF DataFrames and dask arrays
-            G = from_dataframe(X) if hasattr(X, "columns") else gdask_from_dask_array(X)
-            kind = "dask" if hasattr(X, "__dask_graph__") else "gdataset"
-        if G.ndim != 2:
-            raise ValueError(f"KMeans needs 2-D data (n_samples, n_features), got shape {G.shape}")
-        if G.dtype.kind != "f":
-            G = G.astype(np.float64)
-        elif G.dtype.itemsize < 4:  # float16: the kernels compute in float32 or float64
-            G = G.astype(np.float32)
-        if reset:
-            self.n_features_in_ = G.shape[1]
-            if G.columns is not None and kind == "numpy":
-                self.feature_names_in_ = np.asarray(G.columns, dtype=object)
-        elif G.shape[1] != self.n_features_in_:
-            raise ValueError(f"X has {G.shape[1]} features, but KMeans is expecting {self.n_features_in_} features")
-        return G, kind
+    def _prepare(self, X: Any, reset: bool) -> tuple[GDataSet, Input]:
+        """(GDataSet, the adapted input); host input goes through scikit-learn's ``validate_data``
+        (same errors, ``n_features_in_``, ``feature_names_in_``)."""
+        inp = self._input(X, reset=reset)
+        return inp.gdataset(), inp
 
     @staticmethod
     def _weights(sample_weight: Any, G: GDataSet) -> np.ndarray | None:
@@ -291,8 +272,8 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         else:
             from sklearn.utils.validation import _check_sample_weight
 
-            w = to_numpy(sample_weight) if hasattr(sample_weight, "__cuda_array_interface__") else sample_weight
-            w = _check_sample_weight(w, np.empty((G.shape[0], 0)), dtype=np.float64, ensure_non_negative=True)
+            w = _check_sample_weight(host_array(sample_weight), np.empty((G.shape[0], 0)), dtype=np.float64,
+                                     ensure_non_negative=True)
         if not np.isfinite(w).all():
             raise ValueError("sample_weight contains NaN or infinity")
         if (w < 0).any():
@@ -370,7 +351,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         TypeError
             Non-numeric data.
         """
-        with estimator_job(self):  # blocks made inside a job get the job's private keys
+        with self._job():  # blocks made inside a job get the job's private keys
             return self._fit(X, sample_weight)
 
     def _n_init(self) -> int:
@@ -386,7 +367,7 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         return int(n_init)
 
     def _fit(self, X: Any, sample_weight: Any) -> KMeans:
-        G, kind = self._prepare(X, reset=True)
+        G, inp = self._prepare(X, reset=True)
         n, d = G.shape
         self._check_params(n, d)
         n_init = self._n_init()
@@ -398,44 +379,41 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
                                     else self.random_state.randint(2**31))
         if self.tol > 0:  # tol is relative to the mean variance (as scikit-learn); 0 needs no pass
             variances = to_numpy(G.var(axis=0).compute())
-            if kind != "numpy" and not np.isfinite(variances).all():  # NaN/inf make it non-finite
-                _check_finite(G)
+            if not inp.kind.host and not np.isfinite(variances).all():  # NaN/inf make it non-finite
+                check_finite(G)
             tol = float(np.mean(variances)) * self.tol
         else:
             tol = 0.0
-            if kind != "numpy" and isinstance(self.init, str):  # the init reads the data: check first
-                _check_finite(G)
-        lazy = kind == "gdataset" or kind == "dask"
+            if not inp.kind.host and isinstance(self.init, str):  # the init reads the data: check first
+                check_finite(G)
+        lazy = inp.kind.lazy
         best = None
         for _ in range(n_init):
             centers = self._init_centers(G, rng, w, W, original=X)
             bounds = self.algorithm == "elkan" or (self.algorithm == "auto" and d >= 8)
-            state = _Loop(centers, bounds, tol, G.dtype, n).state()
+            state = LoopState(centers, bounds, tol, np.dtype(G.dtype), n)
             algo = _KMeansLoop(self.max_iter, weighted=W is not None, labels=not lazy)
             progress = Progress(self.verbose, self.callback, total=self.max_iter, desc="KMeans")
             try:
                 res = run_loop(algo, {"X": G, "W": W}, state, progress=progress)
-            except _NotFinite:
+            except NotFinite:
                 self._raise_not_finite(G)
             labels, inertia = _collect_finals(res.finals, G, labels=not lazy)
             if best is None or inertia < best[1]:
                 best = (res, inertia, labels)
         res, self.inertia_, labels = best
-        loop = _Loop.from_state(res.state)
+        loop = res.state
         self.n_iter_ = loop.n_iter
         self.iteration_times_ = loop.times
         self.fit_mode_ = res.mode
         self.history_ = res.history
-        self.cluster_centers_ = loop.centers if kind != "cupy" else _xp_from_host(loop.centers)
-        if lazy:
-            self.labels_ = self._lazy_labels(X, G)
-        else:
-            self.labels_ = labels if kind != "cupy" else _xp_from_host(labels)
+        self.cluster_centers_ = self._to_output(loop.centers, inp.kind, G)
+        self.labels_ = self._lazy_labels(inp, G) if lazy else self._to_output(labels, inp.kind, G)
         return self
 
     @staticmethod
     def _raise_not_finite(G: GDataSet) -> None:
-        _check_finite(G)
+        check_finite(G)
         raise ValueError("K-means sums overflowed float64; scale the data down")
 
     def _assign(self, G: GDataSet, centers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -458,21 +436,21 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
     def _centers_for(self, G: GDataSet) -> np.ndarray:
         return to_numpy(self.cluster_centers_).astype(G.dtype)
 
-    def _lazy_labels(self, X: Any, G: GDataSet) -> Any:
-        """Labels as a lazy collection blocked like ``X`` (a GDataSet, or a dask array for dask input)."""
-        out = G.map_blocks(_labels_block, self._centers_for(G), dtype=np.int32, ncols=None, name="kmeans-labels")
-        return out if isinstance(X, GDataSet) else out.to_dask_array()
+    def _lazy_labels(self, inp: Input, G: GDataSet) -> Any:
+        """Labels as a lazy collection blocked like the input (a GDataSet, or a dask array for dask input)."""
+        return self._blockwise(inp, _labels_block, self._centers_for(G), dtype=np.int32, ncols=None,
+                               name="kmeans-labels")
 
     @in_task_scope
     def predict(self, X: Any, sample_weight: Any = None) -> Any:
         """Index of the nearest cluster center for each row: NumPy (CuPy for CuPy input); for a
         GDataSet or dask input a lazy collection blocked like X."""
         self._check_fitted()
-        G, kind = self._prepare(X, reset=False)
-        if kind in ("gdataset", "dask"):
-            return self._lazy_labels(X, G)
+        G, inp = self._prepare(X, reset=False)
+        if inp.kind.lazy:
+            return self._lazy_labels(inp, G)
         labels, _ = self._assign(G, self._centers_for(G))
-        return _xp_from_host(labels) if kind == "cupy" else labels
+        return self._to_output(labels, inp.kind, G)
 
     def fit_predict(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
         return self.fit(X, sample_weight=sample_weight).labels_
@@ -482,14 +460,12 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         """Distances from each row to every center, shape (n_samples, n_clusters); lazy (blocked like
         X) for a GDataSet or dask input."""
         self._check_fitted()
-        G, kind = self._prepare(X, reset=False)
+        G, inp = self._prepare(X, reset=False)
         c = self._centers_for(G)
-        if kind in ("gdataset", "dask"):
-            out = G.map_blocks(_distances_block, c, dtype=G.dtype, ncols=c.shape[0], name="kmeans-transform")
-            return out if isinstance(X, GDataSet) else out.to_dask_array()
+        if inp.kind.lazy:
+            return self._blockwise(inp, _distances_block, c, dtype=G.dtype, ncols=c.shape[0], name="kmeans-transform")
         parts = dask.compute(*[dask.delayed(device_call)(_distances_host, G.block(b), c) for b in range(G.nblocks)])
-        out = np.concatenate(parts, axis=0)
-        return _xp_from_host(out) if kind == "cupy" else out
+        return self._to_output(np.concatenate(parts, axis=0), inp.kind, G)
 
     def fit_transform(self, X: Any, y: Any = None, sample_weight: Any = None) -> Any:
         return self.fit(X, sample_weight=sample_weight).transform(X)
@@ -503,38 +479,27 @@ class KMeans(ClusterMixin, TransformerMixin, BaseEstimator):
         return -_bounds.weighted_total(mind, self._weights(sample_weight, G))
 
 
-class _NotFinite(ArithmeticError):
-    """The partial sums of a pass were not finite (NaN / inf in the data, or an overflow)."""
-
-
-class _Loop:
+@dataclass
+class LoopState:
     """A fit's state between passes and the decisions taken on it: the next centers, whether the
     next pass steps on the bounds, convergence. Wherever the engine runs the driver, it takes the
-    same steps from the same state (the state is plain data: it is also the fit's checkpoint)."""
+    same steps from the same state (plain data: a copy of it is the fit's checkpoint)."""
 
-    def __init__(self, centers: np.ndarray, bounds: bool, tol: float, dtype: Any, n: int) -> None:
-        self.centers = centers
-        self.bounds = bounds
-        self.tol = tol
-        self.dtype = np.dtype(dtype)
-        self.n = n
-        self.settled = False  # centers move less than the bounds can absorb: bounds pay from here on
-        self.last_move = 0.0  # the largest squared move of a center in the previous iteration (none yet)
-        self.cargs: tuple = ()  # the chunk arguments of the last pass: (token,) when it stepped on bounds
-        self.history: list[np.ndarray] = []  # the centers of every bounds pass so far (to rebuild lost bounds)
-        self.n_iter = 0
-        self.times: list[float] = []
+    centers: np.ndarray
+    bounds: bool  # the fit may step on Hamerly's bounds (algorithm "elkan", or "auto" from 8 features)
+    tol: float  # absolute tolerance on the centers' squared movement
+    dtype: np.dtype
+    n: int  # rows
+    settled: bool = False  # centers move less than the bounds can absorb: bounds pay from here on
+    last_move: float = 0.0  # the largest squared move of a center in the previous iteration (none yet)
+    cargs: tuple = ()  # the chunk arguments of the last pass: (token,) when it stepped on bounds
+    history: list[np.ndarray] = field(default_factory=list)  # centers of every bounds pass (to rebuild lost bounds)
+    n_iter: int = 0
+    times: list[float] = field(default_factory=list)
 
-    @classmethod
-    def from_state(cls, state: dict) -> _Loop:
-        loop = cls.__new__(cls)
-        vars(loop).update(state)
-        loop.history = list(loop.history)
-        loop.times = list(loop.times)
-        return loop
-
-    def state(self) -> dict:
-        return dict(vars(self))
+    def copy(self) -> LoopState:
+        """A copy that the loop's next steps leave alone (a checkpoint, a resumed loop's start)."""
+        return replace(self, history=list(self.history), times=list(self.times))
 
     def chunk(self, token: str) -> tuple[Any, tuple]:
         """The per-block function of the next pass and its extra arguments (before the weights)."""
@@ -587,8 +552,8 @@ class _KMeansLoop(IterativeAlgorithm):
     def _wargs(self, ctx: LoopContext) -> tuple:
         return (ctx.data["W"],) if self.weighted else ()
 
-    def run(self, state: dict, ctx: LoopContext) -> dict:
-        loop = _Loop.from_state(state)
+    def run(self, state: LoopState, ctx: LoopContext) -> LoopState:
+        loop = state.copy()
         if ctx.mode == "stream":  # bounds live next to device blocks: not for blocks that come and go
             loop.bounds = False
         X, wargs = ctx.data["X"], self._wargs(ctx)
@@ -613,15 +578,15 @@ class _KMeansLoop(IterativeAlgorithm):
                     parts[b] = p
             stats = _kernels.lloyd_combine(parts)  # in block order, wherever the blocks are
             if not np.isfinite(stats["sums"]).all():  # every row is in some sum: NaN/inf in X show up here
-                raise _NotFinite("non-finite K-means sums")
+                raise NotFinite("non-finite K-means sums")
             done, record = loop.advance(stats, farthest, t0)
-            ctx.checkpoint(loop.state(), **record)
+            ctx.checkpoint(loop.copy(), **record)
             if done:
                 break
-        return loop.state()
+        return loop
 
-    def final(self, state: dict) -> tuple:
-        loop = _Loop.from_state(state)
+    def final(self, state: LoopState) -> tuple:
+        loop = state
         from gdask.gdataset import Blocks
 
         X = Blocks("X")
@@ -704,12 +669,12 @@ def _bounds_labels_host(blk, centers, token, w=None, history=None, labels=True):
 
 
 def _labels_block(blk, centers):
-    _require_finite(blk)
+    require_finite(blk)
     return _kernels.assign(blk, centers)[0]
 
 
 def _assign_host(blk, centers):
-    _require_finite(blk)
+    require_finite(blk)
     labels, mind = _kernels.assign(blk, centers)
     return [(to_numpy(labels), to_numpy(mind))]
 
@@ -719,7 +684,7 @@ def _join_lists(parts):
 
 
 def _distances_block(blk, centers):
-    _require_finite(blk)
+    require_finite(blk)
     xp = np if isinstance(blk, np.ndarray) else array_namespace(blk)
     c = astype(centers, blk.dtype) if hasattr(centers, "shape") else asarray_like(centers, blk, dtype=blk.dtype)
     d2 = xp.sum(blk * blk, axis=1)[:, None] - 2 * (blk @ c.T) + xp.sum(c * c, axis=1)[None, :]
@@ -728,17 +693,3 @@ def _distances_block(blk, centers):
 
 def _distances_host(blk, centers):
     return to_numpy(_distances_block(blk, centers))
-
-
-def _require_finite(blk) -> None:
-    """Predicting on rows with NaN or infinity raises, as for NumPy input (scikit-learn's check),
-    also when the rows come lazily in blocks (checked in each block's task)."""
-    if not all_finite(blk):
-        raise ValueError(f"Input X contains NaN or infinity (in a block of {blk.shape[0]} rows); remove or impute "
-                         "them before predicting")
-
-
-def _xp_from_host(x):
-    import cupy
-
-    return cupy.asarray(x)

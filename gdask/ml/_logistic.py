@@ -5,38 +5,34 @@ from __future__ import annotations
 import numbers
 import time
 import warnings
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 
 from gdask.devices import array_namespace, asarray_like, to_numpy
-from gdask.gdataset import (
-    GDataSet,
-    IterativeAlgorithm,
-    LoopContext,
-    Progress,
-    from_array,
-    from_dataframe,
-    run_loop,
-    sum_parts,
-)
+from gdask.gdataset import GDataSet, IterativeAlgorithm, LoopContext, Progress, from_array, run_loop, sum_parts
 from gdask.gdataset import from_dask_array as gdask_from_dask_array
 from gdask.ml import _logistic_kernels as _k
-from gdask.ml._input import all_finite, estimator_job, in_task_scope
-from gdask.ml._input import check_finite as _check_finite
-from gdask.ml._input import is_host_input as _is_host_input
-from gdask.ml._input import module_name as _module
+from gdask.ml._base import (
+    DeviceEstimatorMixin,
+    Input,
+    NotFinite,
+    check_finite,
+    host_array,
+    in_task_scope,
+    input_kind,
+    module_name,
+    require_finite,
+    shared_docs,
+)
 
 __all__ = ["LogisticRegression"]
 
 _SOLVERS = ("lbfgs", "gd")
 #: gd computes the full weighted Gram matrix below this many features (else only its trace)
 _GRAM_MAX_FEATURES = 4096
-
-
-def _is_dask(x: Any) -> bool:
-    return hasattr(x, "__dask_graph__") and not isinstance(x, GDataSet)
 
 
 def _aligned(v: Any, G: GDataSet, what: str) -> GDataSet:
@@ -69,10 +65,6 @@ def _aligned(v: Any, G: GDataSet, what: str) -> GDataSet:
     return out
 
 
-class _NotFinite(ArithmeticError):
-    """The loss or its gradient overflowed."""
-
-
 class _Layout:
     """The parameter vector as scikit-learn lays it out: binary ``[coef..., intercept]``;
     multinomial ``(K, d + 1)`` raveled in Fortran order."""
@@ -95,12 +87,25 @@ class _Layout:
         return w.ravel(order="F") if self.K > 1 else w[0].copy()
 
 
+@dataclass
+class SolverState:
+    """A fit's state between iterations (plain data: also its checkpoint): the parameters and what the
+    solver carries over, the seconds of each pass so far, and how the solver ended."""
+
+    x: np.ndarray  # the parameters, laid out as _Layout packs them
+    passes: list[float] = field(default_factory=list)  # seconds of each pass over the data
+    status: int = 0  # 0: converged; else why the solver stopped (1: max_iter reached)
+    message: str = ""
+    z: np.ndarray | None = None  # gd: the momentum point (None: x)
+    t: float = 1.0  # gd: the momentum's step counter
+
+
 class _LogisticLoop(IterativeAlgorithm):
     """scikit-learn's objective ``f(w) = sum_i s_i loss_i / S + ||W||^2 / (2 C S)`` minimised on the
     iteration engine (``s_i`` the row weights, ``S`` their sum; intercepts not penalised): every
     evaluation of the loss and its gradient is one pass over the blocks, combined in block order.
     On the workers every worker runs the same solver on the all-gathered objective (L-BFGS is
-    deterministic: all take the same steps). The state is ``{"x": parameters}``; a resumed fit
+    deterministic: all take the same steps). The state is a :class:`SolverState`; a resumed fit
     restarts the solver from the last finished iteration's parameters."""
 
     name = "logistic-regression"
@@ -134,20 +139,20 @@ class _LogisticLoop(IterativeAlgorithm):
         f = loss / self.sw_sum + 0.5 * self.l2 * float((coef * coef).sum())
         gc = gc / self.sw_sum + self.l2 * coef
         if not np.isfinite(f) or not np.isfinite(gc).all():
-            raise _NotFinite("the logistic loss overflowed")
+            raise NotFinite("the logistic loss overflowed")
         gi = gi / self.sw_sum if L.fit_intercept else np.zeros(L.K)
         return f, L.pack(gc, gi)
 
-    def run(self, state: dict, ctx: LoopContext) -> dict:
+    def run(self, state: SolverState, ctx: LoopContext) -> SolverState:
         if self.solver == "lbfgs":
             return self._lbfgs(state, ctx)
         return self._gd(state, ctx)
 
-    def _lbfgs(self, state: dict, ctx: LoopContext) -> dict:
+    def _lbfgs(self, state: SolverState, ctx: LoopContext) -> SolverState:
         from scipy.optimize import minimize
 
         last: dict[str, Any] = {}
-        passes = list(state.get("passes", ()))
+        passes = list(state.passes)
 
         def fun(x):
             f, g = self.objective(ctx, x, passes)
@@ -156,17 +161,17 @@ class _LogisticLoop(IterativeAlgorithm):
 
         def callback(xk):
             f, g = last["f"], last["g"]
-            ctx.checkpoint({**state, "x": np.array(xk, copy=True), "passes": list(passes)}, loss=f,
+            ctx.checkpoint(replace(state, x=np.array(xk, copy=True), passes=list(passes)), loss=f,
                            grad_max=float(np.abs(g).max()),
                            line=f"iteration {ctx.iteration + 1}: loss {f:.10g}, max |gradient| "
                                 f"{np.abs(g).max():.3g}")
 
         left = self.max_iter - ctx.iteration
         if left <= 0:
-            return {**state, "status": 1, "message": "max_iter reached"}
-        res = minimize(fun, state["x"], method="L-BFGS-B", jac=True, callback=callback,
+            return replace(state, status=1, message="max_iter reached")
+        res = minimize(fun, state.x, method="L-BFGS-B", jac=True, callback=callback,
                        options={"maxiter": left, "maxls": 50, "gtol": self.tol, "ftol": 64 * np.finfo(float).eps})
-        return {**state, "x": res.x, "status": int(res.status), "message": str(res.message), "passes": passes}
+        return replace(state, x=res.x, status=int(res.status), message=str(res.message), passes=passes)
 
     def _preconditioner(self, ctx: LoopContext, passes: list):
         """``g -> B^-1 g`` for the Hessian bound ``B`` (one pass over the data)."""
@@ -182,7 +187,7 @@ class _LogisticLoop(IterativeAlgorithm):
                               name="logreg-gram")) / self.sw_sum
         passes.append(time.perf_counter() - t0)
         if not np.all(np.isfinite(H)):
-            raise _NotFinite("X is too large in magnitude for gradient descent")
+            raise NotFinite("X is too large in magnitude for gradient descent")
         if not small:  # H = trace of the Gram matrix: a bound on its largest eigenvalue
             step = 1.0 / max(curv * float(H) + self.l2, 1e-300)
             return lambda g: step * g
@@ -199,7 +204,7 @@ class _LogisticLoop(IterativeAlgorithm):
 
         return apply
 
-    def _gd(self, state: dict, ctx: LoopContext) -> dict:
+    def _gd(self, state: SolverState, ctx: LoopContext) -> SolverState:
         """Full-batch gradient descent, preconditioned by a fixed bound on the Hessian, with Nesterov
         momentum and gradient-based adaptive restart (O'Donoghue & Candès 2015).
 
@@ -209,15 +214,15 @@ class _LogisticLoop(IterativeAlgorithm):
         at the start computes the weighted Gram matrix (above ``gram_max_features`` features only
         its trace, and the step becomes the plain ``g / L``); then each iteration is one pass.
         """
-        passes = list(state.get("passes", ()))
+        passes = list(state.passes)
         precond = self._preconditioner(ctx, passes)
-        x = state["x"].copy()
-        z = state.get("z", x).copy()
-        t = float(state.get("t", 1.0))
+        x = state.x.copy()
+        z = (x if state.z is None else state.z).copy()
+        t = float(state.t)
         while ctx.iteration < self.max_iter:
             f, g = self.objective(ctx, z, passes)
             if np.abs(g).max() <= self.tol:
-                return {**state, "x": z, "status": 0, "message": "converged", "passes": passes}
+                return replace(state, x=z, status=0, message="converged", passes=passes)
             x_new = z - precond(g)
             if g @ (x_new - x) > 0:  # momentum points uphill: restart
                 t = 1.0
@@ -227,13 +232,14 @@ class _LogisticLoop(IterativeAlgorithm):
                 z = x_new + ((t - 1) / t_new) * (x_new - x)
                 t = t_new
             x = x_new
-            ctx.checkpoint({**state, "x": x, "z": z, "t": t, "passes": list(passes)}, loss=f,
+            ctx.checkpoint(replace(state, x=x, z=z, t=t, passes=list(passes)), loss=f,
                            grad_max=float(np.abs(g).max()),
                            line=f"iteration {ctx.iteration + 1}: loss {f:.10g}, max |gradient| {np.abs(g).max():.3g}")
-        return {**state, "x": x, "status": 1, "message": "max_iter reached", "passes": passes}
+        return replace(state, x=x, status=1, message="max_iter reached", passes=passes)
 
 
-class LogisticRegression(ClassifierMixin, BaseEstimator):
+@shared_docs
+class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
     """L2-penalised logistic regression over device-resident blocks, scikit-learn API.
 
     Minimises scikit-learn's objective ``sum_i s_i logloss_i / S + ||W||^2 / (2 C S)`` (``s_i``
@@ -286,20 +292,15 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
     callback : callable, optional
         ``callback(record)`` after every iteration: a dict with ``iteration``, ``seconds``, ``mode``,
         ``loss`` and ``grad_max``.
-    gpu : float, optional
-        Fit inside ``gdask.job(client, gpu=gpu, memory=memory, name=job_name)``: a share of a
-        device of the current Client's cluster (see :func:`gdask.job`). Default None: no share
-        is asked for (and none without a Client).
-    memory : int or str, optional
-        Device memory of that share (``"4GiB"``); default ``gpu`` times the device's memory.
-    job_name : str, optional
-        The job's name in :func:`gdask.scheduling.jobs` (default: the class name and a random suffix).
+    {job_parameters}
+    {output_type_parameter}
 
     Attributes
     ----------
     classes_ : ndarray (n_classes,)
-    coef_ : ndarray (1, n_features) for two classes, else (n_classes, n_features)
-    intercept_ : ndarray (1,) or (n_classes,)
+    coef_ : array (1, n_features) for two classes, else (n_classes, n_features)
+        NumPy (CuPy for CuPy input; see ``output_type``).
+    intercept_ : array (1,) or (n_classes,)
     n_iter_ : ndarray (1,) int32
     n_features_in_ : int
     feature_names_in_ : ndarray of str, when X has feature names
@@ -321,7 +322,8 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
                  dual: bool = False, tol: float = 1e-4, fit_intercept: bool = True, intercept_scaling: float = 1,
                  class_weight: Any = None, random_state: Any = None, solver: str = "lbfgs", max_iter: int = 100,
                  verbose: int = 0, warm_start: bool = False, n_jobs: int | None = None, callback: Any = None,
-                 gpu: float | None = None, memory: Any = None, job_name: str | None = None) -> None:
+                 gpu: float | None = None, memory: Any = None, job_name: str | None = None,
+                 output_type: str | None = None) -> None:
         self.penalty = penalty
         self.l1_ratio = l1_ratio
         self.dual = dual
@@ -340,6 +342,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
         self.gpu = gpu
         self.memory = memory
         self.job_name = job_name
+        self.output_type = output_type
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -374,37 +377,6 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
         if not (cw is None or cw == "balanced" or isinstance(cw, dict)):
             raise ValueError(f"class_weight must be None, 'balanced' or a dict, got {cw!r}")
 
-    def _set_features(self, G: GDataSet, reset: bool) -> None:
-        if reset:
-            self.n_features_in_ = G.shape[1]
-            if G.columns is not None:
-                self.feature_names_in_ = np.asarray(G.columns, dtype=object)
-            elif hasattr(self, "feature_names_in_"):
-                del self.feature_names_in_
-        elif G.shape[1] != self.n_features_in_:
-            raise ValueError(f"X has {G.shape[1]} features, but LogisticRegression is expecting "
-                             f"{self.n_features_in_} features as input.")
-
-    def _device_input(self, X: Any, reset: bool) -> tuple[GDataSet, str]:
-        """(GDataSet, 'cupy' | 'gdataset') for non-host X: GDataSets, CuPy arrays, dask collections."""
-        if isinstance(X, GDataSet):
-            G, kind = X, "gdataset"
-        elif _module(X) == "cupy":
-            G, kind = from_array(X), "cupy"
-        elif _module(X) == "cudf":
-            G, kind = from_dataframe(X), "gdataset"
-        else:  # dask / dask-cuDF DataFrames and dask arrays
-            G = from_dataframe(X) if hasattr(X, "columns") else gdask_from_dask_array(X)
-            kind = "gdataset"
-        if G.ndim != 2:
-            raise ValueError(f"Expected a 2-D X (n_samples, n_features), got shape {G.shape}")
-        if G.dtype.kind != "f":
-            G = G.astype(np.float64)
-        elif G.dtype.itemsize < 4:  # float16: the kernels compute in float32 or float64
-            G = G.astype(np.float32)
-        self._set_features(G, reset)
-        return G, kind
-
     def _labels(self, y: Any, G: GDataSet, W: GDataSet | None, w_host: np.ndarray | None
                 ) -> tuple[GDataSet, np.ndarray, np.ndarray]:
         """(class codes blocked like G, classes, weighted class counts) from ``y``; ``W`` the
@@ -412,7 +384,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
         from sklearn.utils.multiclass import check_classification_targets
         from sklearn.utils.validation import column_or_1d
 
-        if isinstance(y, GDataSet) or (_is_dask(y) and np.dtype(y.dtype).kind in "biuf"):
+        if input_kind(y).container == "gdataset" or (input_kind(y).lazy and np.dtype(y.dtype).kind in "biuf"):
             Yl = _aligned(y, G, "y")
             args = () if W is None else (W,)
             classes, counts, nan = Yl.reduce_blocks(_k.label_counts, _k.label_counts_combine, *args,
@@ -422,9 +394,7 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
             check_classification_targets(classes)  # e.g. "Unknown label type: continuous"
             Y = Yl.map_blocks(_k.encode_labels, classes, dtype=np.int32, ncols=None, name="logreg-codes")
             return Y, classes, counts
-        if _is_dask(y):
-            y = y.compute()
-        y = column_or_1d(to_numpy(y) if _module(y) == "cupy" else y, warn=True)
+        y = column_or_1d(host_array(y), warn=True)
         if y.shape[0] != G.shape[0]:
             raise ValueError("Found input variables with inconsistent numbers of samples: "
                              f"[{G.shape[0]}, {y.shape[0]}]")
@@ -441,14 +411,13 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
         """(weights blocked like G or None, host copy or None)."""
         if sample_weight is None:
             return None, None
-        if isinstance(sample_weight, GDataSet) or _is_dask(sample_weight):
+        if input_kind(sample_weight).lazy:
             W = _aligned(sample_weight, G, "sample_weight").astype(np.float64)
-            _check_finite(W, "sample_weight")
+            check_finite(W, "sample_weight")
             return W, None
         from sklearn.utils.validation import _check_sample_weight
 
-        w = to_numpy(sample_weight) if _module(sample_weight) == "cupy" else sample_weight
-        w = _check_sample_weight(w, np.empty((G.shape[0], 0)), dtype=np.float64)
+        w = _check_sample_weight(host_array(sample_weight), np.empty((G.shape[0], 0)), dtype=np.float64)
         return from_array(w, block_rows=G.row_blocks), w
 
     def _class_weights(self, classes: np.ndarray, counts: np.ndarray | None, Y: GDataSet,
@@ -486,26 +455,12 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
             NaN/inf, wrong shapes, fewer than two classes, continuous targets, bad parameters.
         """
         self._check_params()
-        with estimator_job(self):
+        with self._job():
             return self._fit(X, y, sample_weight)
 
     def _fit(self, X: Any, y: Any, sample_weight: Any) -> LogisticRegression:
-        if _is_host_input(X):
-            from sklearn.utils.validation import validate_data
-
-            if _is_host_input(y) and _module(y) != "cupy":
-                Xh, yh = validate_data(self, X, y, accept_sparse=False, dtype=[np.float64, np.float32],
-                                       y_numeric=False)
-            else:
-                Xh = validate_data(self, X, accept_sparse=False, dtype=[np.float64, np.float32])
-                yh = None
-            if yh is not None:
-                y = yh
-            # a blocked y keeps its blocking: X follows it
-            G = from_array(Xh, block_rows=y.row_blocks if isinstance(y, GDataSet) else None)
-            kind = "numpy"
-        else:
-            G, kind = self._device_input(X, reset=True)
+        inp, y = self._input_xy(X, y)
+        G = inp.gdataset(block_rows=y.row_blocks if isinstance(y, GDataSet) else None)  # X follows a blocked y
         n, d = G.shape
         W, w_host = self._weights(sample_weight, G)
         Y, classes, counts = self._labels(y, G, W, w_host)
@@ -530,25 +485,21 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
                              _GRAM_MAX_FEATURES)
         progress = Progress(self.verbose, self.callback, total=self.max_iter, desc="LogisticRegression")
         try:
-            res = run_loop(algo, {"X": G, "Y": Y, "W": W}, {"x": self._initial(layout)}, progress=progress)
-        except _NotFinite as e:
-            _check_finite(G)
+            res = run_loop(algo, {"X": G, "Y": Y, "W": W}, SolverState(self._initial(layout)), progress=progress)
+        except NotFinite as e:
+            check_finite(G)
             raise ValueError(f"{e}; scale the features down (e.g. StandardScaler)") from None
-        if res.state.get("status", 0) != 0:
+        if res.state.status != 0:
             _convergence_warning(f"{self.solver} failed to converge after {res.iterations} iteration(s) "
-                                 f"(status={res.state.get('status')}): {res.state.get('message')}")
-        coef, intercept = layout.unpack(res.state["x"])
+                                 f"(status={res.state.status}): {res.state.message}")
+        coef, intercept = layout.unpack(res.state.x)
         dtype = G.dtype
-        self.coef_ = coef.astype(dtype)
-        self.intercept_ = intercept.astype(dtype)
-        if kind == "cupy":
-            import cupy
-
-            self.coef_, self.intercept_ = cupy.asarray(self.coef_), cupy.asarray(self.intercept_)
+        self.coef_ = self._to_output(coef.astype(dtype), inp.kind, G)
+        self.intercept_ = self._to_output(intercept.astype(dtype), inp.kind, G)
         self.n_iter_ = np.array([min(res.iterations, self.max_iter)], dtype=np.int32)
         self.history_ = res.history
         self.fit_mode_ = res.mode
-        self.pass_times_ = list(res.state.get("passes", ()))
+        self.pass_times_ = list(res.state.passes)
         return self
 
     def _initial(self, layout: _Layout) -> np.ndarray:
@@ -570,44 +521,36 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
     @in_task_scope
     def decision_function(self, X: Any) -> Any:
         """Confidence scores ``X @ coef_.T + intercept_``: shape (n_samples,) for two classes,
-        else (n_samples, n_classes). NumPy (CuPy for CuPy input); for a GDataSet or dask input a lazy
-        collection blocked like X."""
+        else (n_samples, n_classes). NumPy (CuPy for CuPy input; see ``output_type``); for a GDataSet
+        or dask input a lazy collection blocked like X."""
         self._check_fitted()
-        lazy = self._lazy(X, _decision_block, None)
-        if lazy is not None:
-            return lazy
-        scores = self._scores(X)
-        return scores.ravel() if scores.shape[1] == 1 else scores
+        inp = self._input(X, reset=False)
+        if inp.kind.lazy:
+            return self._lazy(inp, _decision_block, None)
+        scores = self._scores(inp)
+        return self._to_output(scores.ravel() if scores.shape[1] == 1 else scores, inp.kind, inp.data)
 
-    def _lazy(self, X: Any, func: Any, dtype: Any, *extra: Any) -> Any:
+    def _lazy(self, inp: Input, func: Any, dtype: Any, *extra: Any) -> Any:
         """``func(block, coef, intercept, *extra)`` per block of a GDataSet / dask input, as a lazy
-        GDataSet (dask array for dask input); None for in-memory input."""
-        if _is_host_input(X) or _module(X) == "cupy":
-            return None
-        G, _ = self._device_input(X, reset=False)
+        GDataSet (dask array for dask input)."""
+        G = inp.gdataset()
         coef, intercept = to_numpy(self.coef_), to_numpy(self.intercept_)
         K = coef.shape[0]
         score_dtype = np.result_type(G.dtype, coef.dtype)
         ncols = {_decision_block: None if K == 1 else K, _proba_block: max(K, 2), _predict_block: None}[func]
-        out = G.map_blocks(func, coef, intercept, *extra, dtype=dtype or score_dtype, ncols=ncols,
-                           name=f"logreg-{func.__name__.strip('_')}")
-        return out if isinstance(X, GDataSet) else out.to_dask_array()
+        return self._blockwise(inp, func, coef, intercept, *extra, dtype=dtype or score_dtype, ncols=ncols,
+                               name=f"logreg-{func.__name__.strip('_')}")
 
-    def _scores(self, X: Any) -> Any:
-        if _is_host_input(X):
-            from sklearn.utils.validation import validate_data
-
-            Xh = validate_data(self, X, accept_sparse=False, reset=False)
-            return Xh @ to_numpy(self.coef_).T + to_numpy(self.intercept_)
-        if _module(X) == "cupy":
+    def _scores(self, inp: Input) -> Any:
+        """Decision scores (n_samples, K) of in-memory input (or of lazy input, computed): NumPy, or
+        CuPy for CuPy input (computed on its device)."""
+        if inp.kind.host:
+            return inp.data @ to_numpy(self.coef_).T + to_numpy(self.intercept_)
+        if module_name(inp.data) == "cupy":
             import cupy
 
-            if X.ndim != 2 or X.shape[1] != self.n_features_in_:
-                raise ValueError(f"X has shape {X.shape}, but LogisticRegression is expecting "
-                                 f"{self.n_features_in_} features as input.")
-            Xc = X if X.dtype.kind == "f" else X.astype(np.float64)
-            return Xc @ cupy.asarray(self.coef_).T + cupy.asarray(self.intercept_)
-        G, _ = self._device_input(X, reset=False)
+            return inp.data @ cupy.asarray(self.coef_).T + cupy.asarray(self.intercept_)
+        G = inp.gdataset()
         coef, intercept = to_numpy(self.coef_), to_numpy(self.intercept_)
         K = coef.shape[0]
         dtype = np.result_type(G.dtype, coef.dtype)
@@ -616,51 +559,45 @@ class LogisticRegression(ClassifierMixin, BaseEstimator):
 
     @in_task_scope
     def predict(self, X: Any) -> Any:
-        """Class labels: ``classes_[argmax]`` of the scores. NumPy (CuPy for CuPy input); for a
-        GDataSet or dask input with numeric classes, a lazy collection blocked like X."""
+        """Class labels: ``classes_[argmax]`` of the scores. NumPy (CuPy for CuPy input and numeric
+        classes; see ``output_type``); for a GDataSet or dask input with numeric classes, a lazy
+        collection blocked like X."""
         self._check_fitted()
-        if self.classes_.dtype.kind in "biuf":
-            lazy = self._lazy(X, _predict_block, self.classes_.dtype, self.classes_)
-            if lazy is not None:
-                return lazy
-        scores = self._scores(X)
+        inp = self._input(X, reset=False)
+        if inp.kind.lazy and self.classes_.dtype.kind in "biuf":
+            return self._lazy(inp, _predict_block, self.classes_.dtype, self.classes_)
+        scores = self._scores(inp)
         scores = scores.ravel() if scores.shape[1] == 1 else scores
-        xp = _xp(scores)
         idx = (scores > 0).astype(int) if scores.ndim == 1 else scores.argmax(axis=1)
-        classes = self.classes_ if xp is np else xp.asarray(self.classes_)
-        return classes[idx]
+        return self._to_output(self.classes_[to_numpy(idx)], inp.kind, inp.data)
 
     @in_task_scope
     def predict_proba(self, X: Any) -> Any:
         """Class probabilities, shape (n_samples, n_classes): sigmoid for two classes, softmax else.
-        NumPy (CuPy for CuPy input); for a GDataSet or dask input a lazy collection blocked like X."""
+        NumPy (CuPy for CuPy input; see ``output_type``); for a GDataSet or dask input a lazy
+        collection blocked like X."""
         self._check_fitted()
-        lazy = self._lazy(X, _proba_block, None)
-        if lazy is not None:
-            return lazy
-        scores = self._scores(X)
-        return _probabilities(scores.ravel() if scores.shape[1] == 1 else scores)
+        inp = self._input(X, reset=False)
+        if inp.kind.lazy:
+            return self._lazy(inp, _proba_block, None)
+        scores = self._scores(inp)
+        return self._to_output(_probabilities(scores.ravel() if scores.shape[1] == 1 else scores), inp.kind,
+                               inp.data)
 
     def predict_log_proba(self, X: Any) -> Any:
         """Logarithm of :meth:`predict_proba` (lazy for a GDataSet or dask input)."""
         proba = self.predict_proba(X)
-        if isinstance(proba, GDataSet) or _is_dask(proba):
+        if input_kind(proba).lazy:
             return np.log(proba)
-        return _xp(proba).log(proba)
+        return array_namespace(proba).log(proba)
 
     @in_task_scope
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
         """Mean accuracy on ``X``, ``y`` (``y`` and weights may be GDataSets or dask arrays)."""
         from sklearn.metrics import accuracy_score
 
-        def host(v):
-            if v is None:
-                return None
-            if isinstance(v, GDataSet) or _is_dask(v):
-                v = v.compute()
-            return to_numpy(v) if _module(v) in ("cupy", "array_api_strict") else v
-
-        return float(accuracy_score(host(y), to_numpy(host(self.predict(X))), sample_weight=host(sample_weight)))
+        return float(accuracy_score(host_array(y), host_array(self.predict(X)),
+                                    sample_weight=host_array(sample_weight)))
 
 
 def _probabilities(scores: Any) -> Any:
@@ -693,9 +630,7 @@ def _predict_block(X, coef, intercept, classes):
 def _checked_decision(X, coef, intercept):
     """:func:`_logistic_kernels.decision` of one block; NaN or infinity in it raises, as for NumPy
     input (scikit-learn's check)."""
-    if not all_finite(X):
-        raise ValueError(f"Input X contains NaN or infinity (in a block of {X.shape[0]} rows); remove or impute "
-                         "them before predicting")
+    require_finite(X)
     return _k.decision(X, coef, intercept)
 
 
@@ -710,14 +645,6 @@ def _encode(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             return classes, (np.cumsum(present) - 1)[off]
     classes, codes = np.unique(y, return_inverse=True)
     return classes, codes.ravel()
-
-
-def _xp(a: Any):
-    if _module(a) == "cupy":
-        import cupy
-
-        return cupy
-    return np
 
 
 def _expit(z: Any, xp) -> Any:
