@@ -266,7 +266,7 @@ def job_share(gpu: float | None, memory: Any, job_name: str | None, kind: str) -
 
 def _no_rows(blk: Any) -> Any:
     """An empty slice of a block: its array type on its device, for ``output_type="device"``."""
-    return blk[:0]
+    return blk[:0, ...]
 
 
 # -- the mixin -----------------------------------------------------------------------------------------

@@ -56,7 +56,10 @@ def test_the_default_lists_the_device_plugins_and_the_kernel_warm_up():
 def test_options_reach_every_factory_and_factories_may_return_lists_or_none():
     with dask.config.set({"gdask.plugins.worker": ["gdask.scheduling:worker_plugins", f"{__name__}:marker"],
                           "gdask.plugins.scheduler": [f"{__name__}:scheduler_marker"]}):
-        plugins = worker_plugins({"a": None, "b": None}, max_streams=2)
+        from gdask.devices import make_specs
+
+        specs = dict(zip("ab", make_specs(2, backend="emulated")))
+        plugins = worker_plugins(specs, max_streams=2)
         assert [type(p).__name__ for p in plugins] == ["DeviceSetup", "JobMonitor", "Marker"]
         assert plugins[2].names == ["a", "b"] and device_plugin(plugins) is plugins[0]
         assert [type(p) for p in scheduler_plugins()] == [SchedulerMarker]
