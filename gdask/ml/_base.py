@@ -38,8 +38,8 @@ from gdask.gdataset import DeviceShare, GDataSet, device_share, from_array, from
 
 __all__ = [
     "JOB_PARAMETERS", "OUTPUT_TYPES", "OUTPUT_TYPE_PARAMETER", "DeviceEstimatorMixin", "Input", "InputKind",
-    "NotFinite", "all_finite", "check_finite", "host_array", "in_task_scope", "input_kind", "job_share",
-    "module_name", "require_finite", "shared_docs", "task_scope",
+    "NotFinite", "all_finite", "check_finite", "estimator_job", "host_array", "in_task_scope", "input_kind",
+    "is_host_input", "job_share", "module_name", "require_finite", "shared_docs", "task_scope",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -159,6 +159,11 @@ def input_kind(X: Any) -> InputKind:
     return InputKind("array", _DEVICE_MODULES.get(module_name(X), "numpy"))
 
 
+def is_host_input(X: Any) -> bool:
+    """In-memory host data scikit-learn's own validation reads (arrays, lists, pandas, sparse)."""
+    return input_kind(X).host
+
+
 def host_array(v: Any) -> Any:
     """``v`` (targets, weights, results) as host data: lazy collections computed, device arrays and
     cuDF objects copied to the host; host data (lists, pandas) as it is."""
@@ -264,6 +269,13 @@ def job_share(gpu: float | None, memory: Any, job_name: str | None, kind: str) -
     return device_share(DeviceShare(gpu, memory, job_name, kind))
 
 
+def estimator_job(est: Any) -> contextlib.AbstractContextManager:
+    """:func:`job_share` of an estimator's ``gpu``, ``memory`` and ``job_name`` parameters (its class
+    name the kind of work): blocks made inside the job get the job's private keys."""
+    return job_share(getattr(est, "gpu", None), getattr(est, "memory", None), getattr(est, "job_name", None),
+                     type(est).__name__)
+
+
 def _no_rows(blk: Any) -> Any:
     """An empty slice of a block: its array type on its device, for ``output_type="device"``."""
     return blk[:0, ...]
@@ -284,11 +296,13 @@ class DeviceEstimatorMixin:
 
     # -- input ---------------------------------------------------------------------------------------
     def _input(self, X: Any, *, reset: bool, ndim: int | tuple[int, ...] | None = 2,
-               dtype: Any = (np.float64, np.float32), allow_nd: bool = False, features: bool = True) -> Input:
+               dtype: Any = (np.float64, np.float32), allow_nd: bool = False, features: bool = True,
+               **validate: Any) -> Input:
         """``X`` adapted (see :class:`Input`).
 
         Host input goes through scikit-learn's ``validate_data`` (its errors, ``n_features_in_``,
-        ``feature_names_in_``; ``dtype`` its list of accepted dtypes). Other input is cast to a
+        ``feature_names_in_``; ``dtype`` its list of accepted dtypes, ``validate`` more of its
+        keyword arguments, e.g. ``ensure_min_samples``). Other input is cast to a
         float dtype (:attr:`_ints_to` for non-float data, float32 for float16), its ``ndim`` checked,
         and, with ``features``, its column count recorded (``reset``) or checked against the fit's.
         """
@@ -298,7 +312,7 @@ class DeviceEstimatorMixin:
             from sklearn.utils.validation import validate_data
 
             return Input(kind, validate_data(self, X, reset=reset, accept_sparse=False, dtype=list(dtype),
-                                             allow_nd=allow_nd), X)
+                                             allow_nd=allow_nd, **validate), X)
         if kind.container == "array":  # CuPy and other device arrays; cuDF becomes a GDataSet
             data = from_dataframe(X) if hasattr(X, "columns") else X
         else:
@@ -390,10 +404,8 @@ class DeviceEstimatorMixin:
 
     # -- the device share ----------------------------------------------------------------------------
     def _job(self) -> contextlib.AbstractContextManager:
-        """The device share of the ``gpu``, ``memory`` and ``job_name`` parameters (blocks made
-        inside a job get the job's private keys)."""
-        return job_share(getattr(self, "gpu", None), getattr(self, "memory", None), getattr(self, "job_name", None),
-                         type(self).__name__)
+        """The device share of the ``gpu``, ``memory`` and ``job_name`` parameters (:func:`estimator_job`)."""
+        return estimator_job(self)
 
 
 def _device_sample(G: GDataSet) -> Any:

@@ -36,7 +36,7 @@ from torch import nn
 
 from gdask.devices import asarray_like, current_device, to_numpy
 from gdask.gdataset import IterativeAlgorithm, LoopContext, time_major
-from gdask.ml._lstm_parallel import GlobalPlan, ProcessGroup, StreamPlan, training_malloc
+from gdask.ml._lstm._parallel import GlobalPlan, ProcessGroup, StreamPlan, training_malloc
 
 __all__ = ["ModelSpec", "SequenceModel", "LSTMTrainer", "TrainState", "initial_state", "predict_block",
            "predict_host", "as_tensor", "VALIDATION_STREAM"]

@@ -3,7 +3,7 @@ data-parallel on the devices with PyTorch (``pip install 'gdask[torch]'``).
 
 The sequences ``(n, T, f)`` live in device memory as a 3-D GDataSet (time-major blocks, the layout
 cuDNN's LSTM reads) for the whole fit; each device worker trains a replica of the model on the rows it
-holds and the gradients are all-reduced every step (:mod:`gdask.ml._lstm_torch`). After the first
+holds and the gradients are all-reduced every step (:mod:`gdask.ml._lstm._torch`). After the first
 epoch nothing is copied from the host when the data fits on the devices; data larger than the
 devices streams through the window cache. This module does not import torch: the estimators do, when
 they fit or predict.
@@ -31,13 +31,13 @@ _BLOCKS_PER_DEVICE = 4
 
 
 def _require_torch() -> Any:
-    """The ``gdask.ml._lstm_torch`` module; ImportError naming the extra when torch is missing."""
+    """The ``gdask.ml._lstm._torch`` module; ImportError naming the extra when torch is missing."""
     if not module_available("torch"):
         raise ImportError("gdask's LSTM estimators need PyTorch, which is not installed: "
                           "pip install 'gdask[torch]'")
-    from gdask.ml import _lstm_torch
+    from gdask.ml._lstm import _torch
 
-    return _lstm_torch
+    return _torch
 
 
 def _add_feature_axis(b: Any) -> Any:
@@ -291,7 +291,7 @@ class LSTMRegressor(RegressorMixin, _LSTMBase):
     proportion to the devices' measured speeds, so a slow device gets a smaller share); gradients
     are all-reduced with ``torch.distributed`` (gloo, NCCL on CUDA) and every replica takes the same
     step: with the same seed, data and batch size the loss curve is a single-process loop's (see
-    :mod:`gdask.ml._lstm_torch` for the epoch order). The epoch loop runs on the workers, one task
+    :mod:`gdask.ml._lstm._torch` for the epoch order). The epoch loop runs on the workers, one task
     per worker for the whole fit; without a Client it runs in this process on the local device.
     A worker lost during the fit restarts it on the workers from the last finished epoch (at most
     config ``gdask.engine.max-restarts`` times, then a ``CollectiveError``).
