@@ -25,8 +25,8 @@ __all__ = ["PRIVATE", "all_cores", "blas_threads", "library_versions", "print_se
 
 #: name -> (module, attribute): gdask internals the benchmarks use. Keep this table short.
 PRIVATE = {
-    "lloyd_partial": ("gdask.ml._kernels", "lloyd_partial"),  # one block's K-means partial sums (numba)
-    "lloyd_combine": ("gdask.ml._kernels", "lloyd_combine"),
+    "lloyd_partial": ("gdask.ml.kernels", "lloyd_partial"),  # one block's K-means partial sums (public)
+    "lloyd_combine": ("gdask.ml.kernels", "lloyd_combine"),
     "to_numpy": ("gdask.devices", "to_numpy"),  # a device block as NumPy (CuPy -> host): public
     "block_workers": ("gdask.gdataset", "block_workers"),  # where each block of a GDataSet lives: public
     "current_device": ("gdask.devices", "current_device"),  # the worker's device (emulated kernels): public

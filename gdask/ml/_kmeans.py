@@ -25,7 +25,7 @@ from gdask.gdataset import (
     run_loop,
     sum_parts,
 )
-from gdask.ml import _bounds, _kernels
+from gdask.ml import kernels
 from gdask.ml._base import (
     DeviceEstimatorMixin,
     Input,
@@ -86,7 +86,7 @@ def _take(x, idx):
 def _sample_block(blk, centers, factor, phi, seed, w=None):
     """k-means|| oversampling: keep each row with probability ``factor * w d(x)^2 / phi``. The draws
     are made on the host (a seeded NumPy generator: the same rows on every backend)."""
-    d2 = to_numpy(_kernels.min_sqdist(blk, centers))
+    d2 = to_numpy(kernels.min_sqdist(blk, centers))
     if w is not None:
         d2 = d2 * to_numpy(w)
     rng = np.random.default_rng(seed)
@@ -95,7 +95,7 @@ def _sample_block(blk, centers, factor, phi, seed, w=None):
 
 
 def _count_nearest(blk, centers, w=None):
-    labels = to_numpy(_kernels.labels_block(blk, centers))
+    labels = to_numpy(kernels.labels_block(blk, centers))
     return np.bincount(labels, weights=None if w is None else to_numpy(w),
                        minlength=centers.shape[0]).astype(np.float64)
 
@@ -118,7 +118,7 @@ def _take_rows(blk, idx):
 
 
 def _sum_mind(blk, centers, w=None):
-    return _bounds.weighted_total(_kernels.min_sqdist(blk, centers), w)
+    return kernels.weighted_total(kernels.min_sqdist(blk, centers), w)
 
 
 @shared_docs
@@ -476,7 +476,7 @@ class KMeans(DeviceEstimatorMixin, ClusterMixin, TransformerMixin, BaseEstimator
         self._check_fitted()
         G, _ = self._prepare(X, reset=False)
         _, mind = self._assign(G, self._centers_for(G))
-        return -_bounds.weighted_total(mind, self._weights(sample_weight, G))
+        return -kernels.weighted_total(mind, self._weights(sample_weight, G))
 
 
 @dataclass
@@ -505,9 +505,9 @@ class LoopState:
         """The per-block function of the next pass and its extra arguments (before the weights)."""
         if self.bounds and self.settled:
             self.cargs = (token,)
-            return _bounds.bounds_partial, self.cargs
+            return kernels.bounds_partial, self.cargs
         self.cargs = ()  # while centers still jump, nearly every row fails its bounds: plain Lloyd is cheaper
-        return _kernels.lloyd_partial, self.cargs
+        return kernels.lloyd_partial, self.cargs
 
     def advance(self, stats: dict, farthest: Any, t0: float) -> tuple[bool, dict]:
         """Take the step from one pass's combined statistics: (converged, the iteration's record).
@@ -576,7 +576,7 @@ class _KMeansLoop(IterativeAlgorithm):
                                history=loop.history)
                 for b, p in zip(missing, redo):
                     parts[b] = p
-            stats = _kernels.lloyd_combine(parts)  # in block order, wherever the blocks are
+            stats = kernels.lloyd_combine(parts)  # in block order, wherever the blocks are
             if not np.isfinite(stats["sums"]).all():  # every row is in some sum: NaN/inf in X show up here
                 raise NotFinite("non-finite K-means sums")
             done, record = loop.advance(stats, farthest, t0)
@@ -609,7 +609,7 @@ def _settled(centers: np.ndarray, moves: np.ndarray) -> bool:
 
 
 def _farthest_rows(blk, centers, m, w=None):
-    labels, mind = (to_numpy(a) for a in _kernels.assign(blk, centers))
+    labels, mind = (to_numpy(a) for a in kernels.assign(blk, centers))
     m = min(m, mind.shape[0])
     idx = np.argpartition(-mind, m - 1)[:m] if m < mind.shape[0] else np.arange(mind.shape[0])
     ws = np.ones(idx.size) if w is None else to_numpy(_take(w, idx)).astype(np.float64)
@@ -627,7 +627,7 @@ def _next_centers(stats: dict, centers: np.ndarray, dtype: Any, far: tuple | Non
         return None
     empty = np.nonzero(counts == 0)[0]
     if empty.size:
-        dists, labels, rows, ws = far if far is not None else (stats[k] for k in _kernels._FAR)
+        dists, labels, rows, ws = far if far is not None else (stats[k] for k in kernels.FAR)
         if empty.size > len(dists):
             return None
         sums, counts = sums.copy(), counts.copy()
@@ -659,23 +659,23 @@ def _narrow(labels: np.ndarray, k: int) -> np.ndarray:
 
 
 def _labels_host(blk, centers, w=None, labels=True):
-    lab, mind = _kernels.assign(blk, centers)
-    return (_narrow(to_numpy(lab), centers.shape[0]) if labels else None), _bounds.weighted_total(mind, w)
+    lab, mind = kernels.assign(blk, centers)
+    return (_narrow(to_numpy(lab), centers.shape[0]) if labels else None), kernels.weighted_total(mind, w)
 
 
 def _bounds_labels_host(blk, centers, token, w=None, history=None, labels=True):
-    lab, inertia = _bounds.bounds_labels(blk, centers, token, w, history=history)
+    lab, inertia = kernels.bounds_labels(blk, centers, token, w, history=history)
     return (_narrow(to_numpy(lab), centers.shape[0]) if labels else None), inertia
 
 
 def _labels_block(blk, centers):
     require_finite(blk)
-    return _kernels.assign(blk, centers)[0]
+    return kernels.assign(blk, centers)[0]
 
 
 def _assign_host(blk, centers):
     require_finite(blk)
-    labels, mind = _kernels.assign(blk, centers)
+    labels, mind = kernels.assign(blk, centers)
     return [(to_numpy(labels), to_numpy(mind))]
 
 

@@ -14,7 +14,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from gdask.devices import array_namespace, asarray_like, to_numpy
 from gdask.gdataset import GDataSet, IterativeAlgorithm, LoopContext, Progress, from_array, run_loop, sum_parts
 from gdask.gdataset import from_dask_array as gdask_from_dask_array
-from gdask.ml import _logistic_kernels as _k
+from gdask.ml import kernels as _k
 from gdask.ml._base import (
     DeviceEstimatorMixin,
     Input,
@@ -628,7 +628,7 @@ def _predict_block(X, coef, intercept, classes):
 
 
 def _checked_decision(X, coef, intercept):
-    """:func:`_logistic_kernels.decision` of one block; NaN or infinity in it raises, as for NumPy
+    """:func:`gdask.ml.kernels.decision` of one block; NaN or infinity in it raises, as for NumPy
     input (scikit-learn's check)."""
     require_finite(X)
     return _k.decision(X, coef, intercept)
@@ -672,7 +672,7 @@ def _weighted_bincount(y, k, w=None):
 
 
 def _weight_sum(y, w=None, class_w=None):
-    s = _k._row_weights(y, w, class_w)
+    s = _k.row_weights(y, w, class_w)
     if s is None:
         return float(y.shape[0])
     return float(s.sum() if isinstance(s, np.ndarray) else array_namespace(s).sum(s))

@@ -25,6 +25,7 @@ import numpy as np
 from distributed import WorkerPlugin
 
 from gdask import config, protocol
+from gdask.devices import asarray_like
 
 __all__ = ["WarmKernels", "wait_for_warm_kernels", "warm_kernels", "warm_kernels_plugin"]
 
@@ -35,75 +36,55 @@ logger = logging.getLogger("gdask.ml")
 _N, _D, _K = 64, 8, 4
 
 
-def _cpu_calls(dtype: np.dtype, rng: np.random.Generator) -> list[Callable[[], Any]]:
-    """The numba CPU kernels a fit on NumPy blocks of ``dtype`` runs, each called once on a tiny
-    feature-major block (the layout of gdask's blocks), with the argument types the fits use."""
-    from gdask.ml import _bounds, _kernels
-    from gdask.ml import _logistic_kernels as lk
+def _calls(x: Any, host: np.ndarray) -> list[Callable[[], Any]]:
+    """Each kernel a fit runs on blocks like ``x`` (a tiny feature-major block: NumPy for the numba
+    CPU kernels, CuPy for the numba.cuda ones; ``host`` its host copy), called once, without and
+    with row weights (numba compiles each case)."""
+    from gdask.ml import kernels
 
-    x = np.asfortranarray(rng.standard_normal((_N, _D)).astype(dtype))
-    xt = x.T
-    c = np.ascontiguousarray(x[:_K])
-    c2 = np.ascontiguousarray(x[_K:2 * _K]).astype(np.float64)
-    none = _kernels._NO_WEIGHTS
-    norms = np.empty(_N, np.float64)
-    q = min(_kernels.N_FARTHEST, _N)
-
-    def top() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return np.full(q, -1.0), np.zeros(q, np.int64), np.zeros(q, np.int64)
-
-    def lloyd() -> None:  # the Lloyd pass (as lloyd_partial, without its per-block cache of row norms)
-        topv, topi, topl = top()
-        _kernels._lloyd_numba(xt, none, c, np.zeros((_K, _D)), np.zeros(_K), topi, topv, False, topv, topi, topl,
-                              _kernels._NO_SEC, norms)
-
-    def bounds() -> None:  # the first bounds pass, a Hamerly step, the exact inertia (as _bounds' passes)
-        buf = np.empty(2 * _N + (_N + 1) // 2, np.float64)
-        ul, labels = buf[:2 * _N].reshape(2, _N), buf[2 * _N:].view(np.int32)[:_N]
-        sums, counts = np.zeros((_K, _D)), np.zeros(_K)
-        topv, topi, topl = top()
-        cf = c.astype(np.float64)
-        _kernels._lloyd_numba(xt, none, c, sums, counts, labels, labels, False, topv, topi, topl, ul, norms)
-        drift, half, m1, d1, d2, cc = _bounds._center_geometry(c2, cf)
-        _bounds._hamerly_numba(xt, none, c2, labels, ul[0], ul[1], sums, counts, drift, half, m1, d1, d2, cc,
-                               int(_bounds.FULL_PASS_FRACTION * _N))
-        _bounds._assigned_sqdist(xt, c2, labels, np.empty(_N, np.float64))
-
-    y2 = (x[:, 0] > 0).astype(np.int32)
-    y3 = (np.arange(_N) % 3).astype(np.int32)
-    return [
-        lambda: _kernels._row_norms_numba(xt, norms),
-        lloyd,
-        lambda: _kernels.assign(x, c),  # labels and distances (stateless)
-        bounds,
-        lambda: lk.loss_grad(x, y2, np.zeros((1, _D)), np.zeros(1)),  # binomial
-        lambda: lk.loss_grad(x, y3, np.zeros((3, _D)), np.zeros(3)),  # multinomial
-    ]
-
-
-def _cuda_calls(dtype: np.dtype, rng: np.random.Generator, asarray: Callable[[Any], Any]) -> list[Callable[[], Any]]:
-    """The numba.cuda kernels a fit on CUDA blocks of ``dtype`` runs, each called once on a tiny
-    feature-major device block (``asarray``: host -> device; NumPy under numba's simulator)."""
-    from gdask.ml import _cuda_kernels as ck
-
-    host = np.asfortranarray(rng.standard_normal((_N, _D)).astype(dtype))
-    x = asarray(host)
+    on_host = isinstance(x, np.ndarray)
+    w = np.ones(_N) if on_host else asarray_like(np.ones(_N), x)  # row weights, float64 on the block's device
+    km = kernels.kernels_for("kmeans", x, clusters=_K)
+    hm = kernels.kernels_for("hamerly", x, clusters=_K)
     c = np.ascontiguousarray(host[:_K])
     c2 = np.ascontiguousarray(host[_K:2 * _K]).astype(np.float64)
-    y2 = asarray((host[:, 0] > 0).astype(np.int32))
-    y3 = asarray((np.arange(_N) % 3).astype(np.int32))
+    limit = _N  # a bounds step that never gives up for a full pass
+    y2 = (host[:, 0] > 0).astype(np.int32)
+    y3 = (np.arange(_N) % 3).astype(np.int32)
+    if not on_host:
+        y2, y3 = asarray_like(y2, x), asarray_like(y3, x)
 
-    def bounds() -> None:
-        st = ck.first_pass_cuda(x, c)
-        ck.bounds_step_cuda(x, c2, st)
+    def bounds(wv: Any) -> None:  # the first bounds pass, a Hamerly step, the exact inertia
+        st = hm.first_pass(x, c.astype(np.float64), wv)
+        hm.step(x, c2, st, wv, limit)
+        hm.assigned_sqdist(x, c2, st.labels)
 
-    return [
-        lambda: ck.lloyd_partial_cuda(x, c),
-        lambda: ck.assign_cuda(x, c),
-        bounds,
-        lambda: ck.loss_grad_cuda(x, y2, np.zeros((1, _D)), np.zeros(1)),
-        lambda: ck.loss_grad_cuda(x, y3, np.zeros((3, _D)), np.zeros(3)),
-    ]
+    calls: list[Callable[[], Any]] = []
+    for wv in (None, w):
+        calls += [
+            lambda wv=wv: km.lloyd_partial(x, c, wv),
+            lambda wv=wv: bounds(wv),
+            lambda wv=wv: kernels.kernels_for("logistic", x, classes=1).loss_grad(x, y2, np.zeros((1, _D)),
+                                                                                 np.zeros(1), wv),
+            lambda wv=wv: kernels.kernels_for("logistic", x, classes=3).loss_grad(x, y3, np.zeros((3, _D)),
+                                                                                 np.zeros(3), wv),
+        ]
+    return [lambda: km.assign(x, c), *calls]
+
+
+def _blocks(dtypes: tuple[str, ...], backend: str) -> list[tuple[Any, np.ndarray]]:
+    """Tiny feature-major blocks of each dtype, with their host copies: NumPy ("emulated"), CuPy
+    ("cuda"; none when the numba.cuda kernels cannot run in this process)."""
+    rng = np.random.default_rng(0)
+    hosts = [np.asfortranarray(rng.standard_normal((_N, _D)).astype(dt)) for dt in dtypes]
+    if backend != "cuda":
+        return [(h, h) for h in hosts]
+    import cupy
+
+    from gdask.ml import kernels
+
+    blocks = [(cupy.asfortranarray(h), h) for h in hosts]
+    return blocks if kernels.backend_for(blocks[0][0]) == "cuda" else []  # else the array API code: no compiling
 
 
 def warm_kernels(dtypes: tuple[str, ...] = ("float32", "float64"), backend: str = "emulated",
@@ -121,22 +102,21 @@ def warm_kernels(dtypes: tuple[str, ...] = ("float32", "float64"), backend: str 
     progress : callable, optional
         ``progress(done, total)`` after each kernel call.
     """
+    from gdask.devices import context
+    from gdask.ml import kernels
+
     t0 = time.perf_counter()
-    rng = np.random.default_rng(0)
-    if backend == "cuda":
-        from gdask.ml import _cuda_kernels
-
-        if not _cuda_kernels.usable():
-            return time.perf_counter() - t0
-        import cupy
-
-        calls = [f for dt in dtypes for f in _cuda_calls(np.dtype(dt), rng, cupy.asfortranarray)]
-    else:
-        calls = [f for dt in dtypes for f in _cpu_calls(np.dtype(dt), rng)]
-    for i, call in enumerate(calls):
-        call()
-        if progress is not None:
-            progress(i + 1, len(calls))
+    calls = [f for x, host in _blocks(dtypes, backend) for f in _calls(x, host)]
+    state = context().state  # this thread runs no task: the process's own context
+    had_norms = kernels.NORMS_SPACE in state
+    try:
+        for i, call in enumerate(calls):
+            call()
+            if progress is not None:
+                progress(i + 1, len(calls))
+    finally:
+        if not had_norms:  # the row norms of the tiny blocks were cached there: leave no trace
+            state.drop(kernels.NORMS_SPACE)
     return time.perf_counter() - t0
 
 

@@ -192,7 +192,7 @@ def test_kmeans_survives_a_worker_kill_with_the_same_bits(kc, worker_loop, caplo
     with dask.config.set({"gdask.ml.worker-loop": worker_loop}):
         ref = gdask.ml.KMeans(8, init=X[:8], max_iter=15, tol=0).fit(G)
         with caplog.at_level(logging.WARNING, logger="gdask.gdataset"):
-            km = _kill_during(kc, "gdask.ml._kernels" if worker_loop else None,
+            km = _kill_during(kc, "gdask.ml.kernels" if worker_loop else None,
                               "lloyd_partial" if worker_loop else "lloyd-partial", 3,
                               lambda: gdask.ml.KMeans(8, init=X[:8], max_iter=15, tol=0).fit(G))
     np.testing.assert_array_equal(km.cluster_centers_, ref.cluster_centers_)
@@ -207,7 +207,7 @@ def test_logistic_regression_survives_a_worker_kill_with_the_same_bits(kc):
     G = gdask.from_array(x, block_rows=5_000).persist()
     Y = gdask.from_array(y, block_rows=5_000).persist()
     ref = gdask.ml.LogisticRegression(max_iter=30).fit(G, Y)
-    got = _kill_during(kc, "gdask.ml._logistic_kernels", "loss_grad", 9,
+    got = _kill_during(kc, "gdask.ml.kernels", "loss_grad", 9,
                        lambda: gdask.ml.LogisticRegression(max_iter=30).fit(G, Y))
     np.testing.assert_array_equal(got.coef_, ref.coef_)
     np.testing.assert_array_equal(got.intercept_, ref.intercept_)

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from gdask.devices import to_numpy
-from gdask.ml import _bounds, _kernels
-from gdask.ml import _logistic_kernels as lk
+from gdask.ml import kernels
+from gdask.ml import kernels as lk
+from gdask.ml.kernels import _common, _hamerly_cpu, _hamerly_xp
 
 xps = pytest.importorskip("array_api_strict")
 DEV = xps.Device("device1")
@@ -46,8 +47,8 @@ def test_lloyd_and_assign_reference_match_numba(dtype, weighted):
     X, C = _blobs(1500, 6, 5, dtype, seed=1)
     X = np.asfortranarray(X[_clear(X, C)])  # no near ties: both must pick the same centers
     w = np.random.default_rng(2).uniform(0.1, 3.0, len(X)) if weighted else None
-    ref = _kernels.lloyd_partial(X, C, w)
-    got = _kernels.host(_kernels.lloyd_partial(strict(X), strict(C), None if w is None else strict(w)))
+    ref = kernels.lloyd_partial(X, C, w)
+    got = kernels.host(kernels.lloyd_partial(strict(X), strict(C), None if w is None else strict(w)))
     tol = _tol(dtype)
     np.testing.assert_allclose(got["sums"], ref["sums"], **tol)
     np.testing.assert_allclose(got["counts"], ref["counts"], rtol=1e-12)
@@ -58,8 +59,8 @@ def test_lloyd_and_assign_reference_match_numba(dtype, weighted):
     np.testing.assert_array_equal(got["far_label"], ref["far_label"][o])
     np.testing.assert_array_equal(got["far_rows"], ref["far_rows"][o])
     np.testing.assert_allclose(got["far_w"], ref["far_w"][o])
-    labels, mind = _kernels.assign(strict(X), strict(C))
-    rl, rm = _kernels.assign(X, C)
+    labels, mind = kernels.assign(strict(X), strict(C))
+    rl, rm = kernels.assign(X, C)
     np.testing.assert_array_equal(to_numpy(labels), rl)
     np.testing.assert_allclose(to_numpy(mind), rm, **tol)
 
@@ -82,19 +83,18 @@ def test_bounds_reference_matches_numba(dtype, weighted):
     w = None if w is None else w[keep]
     blk = strict(X)
     ws = None if w is None else strict(w)
-    ref = _bounds._first_pass(X, path[0], w)
-    got = _bounds._first_pass(blk, path[0], ws)
+    ref = _hamerly_cpu.first_pass(X, path[0], w)
+    got = _hamerly_xp.first_pass(blk, path[0], ws)
     np.testing.assert_array_equal(to_numpy(got.labels), ref.labels)
     np.testing.assert_allclose(to_numpy(got.sums), ref.sums, **_tol(dtype))
     np.testing.assert_allclose(to_numpy(got.counts), ref.counts, rtol=1e-12)
     assert got.sxx == pytest.approx(ref.sxx, rel=1e-6)
     total = 0
     for old, new in zip(path, path[1:]):
-        drift, half, m1, d1, d2, cc = _bounds._center_geometry(new, old)
-        wv = _kernels._NO_WEIGHTS if w is None else w
-        changed, _ = _bounds._hamerly_numba(X.T, wv, new, ref.labels, ref.upper, ref.lower, ref.sums, ref.counts,
+        drift, half, m1, d1, d2, cc = _common.center_geometry(new, old)
+        changed, _ = _hamerly_cpu._step_numba(X.T, w, new, ref.labels, ref.upper, ref.lower, ref.sums, ref.counts,
                                             drift, half, m1, d1, d2, cc, len(X))
-        assert _bounds._step_xp(blk, new, got, ws) == changed
+        assert _hamerly_xp.step(blk, new, got, ws) == changed
         total += changed
         got.centers = strict(new)
         np.testing.assert_array_equal(to_numpy(got.labels), ref.labels)
@@ -112,7 +112,7 @@ def test_bounds_reference_matches_numba(dtype, weighted):
 def test_expand_scatters_to_the_positions_of_a_mask():
     old = strict(np.arange(6.0))
     mask = strict(np.array([False, True, False, True, True, False]))
-    out = _bounds._expand(mask, strict(np.array([10.0, 11.0, 12.0])), old)
+    out = _hamerly_xp.expand(mask, strict(np.array([10.0, 11.0, 12.0])), old)
     np.testing.assert_array_equal(to_numpy(out), [0, 10, 2, 11, 12, 5])
 
 
@@ -120,7 +120,7 @@ def test_cluster_sums_adds_repeated_labels():
     """The one-hot scatter-add adds every row (array_api_extra.at(x)[i].add(v) would add once per label)."""
     labels = strict(np.array([0, 2, 2, 2, 0]))
     rows = strict(np.arange(10.0).reshape(5, 2))
-    sums, counts = _kernels.cluster_sums(labels, rows, strict(np.array([1.0, 1.0, 2.0, 1.0, 0.5])), 3)
+    sums, counts = kernels.cluster_sums(labels, rows, strict(np.array([1.0, 1.0, 2.0, 1.0, 0.5])), 3)
     np.testing.assert_array_equal(to_numpy(sums), [[0 + 4, 1 + 4.5], [0, 0], [2 + 8 + 6, 3 + 10 + 7]])
     np.testing.assert_array_equal(to_numpy(counts), [1.5, 0, 4])
 
@@ -165,4 +165,4 @@ def test_host_operands_are_refused_by_strict_blocks():
     """What the strict backend is for: a host array meeting a device block raises (as with CuPy)."""
     X, C = _blobs(50, 3, 2, np.float64, seed=7)
     with pytest.raises((TypeError, ValueError)):
-        _kernels.lloyd_partial(strict(X), C)  # centers left on the host
+        kernels.lloyd_partial(strict(X), C)  # centers left on the host

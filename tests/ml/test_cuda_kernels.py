@@ -1,4 +1,4 @@
-"""numba.cuda kernels (gdask.ml._cuda_kernels) against the CPU kernels they stand in for.
+"""numba.cuda kernels (gdask.ml.kernels._*_cuda) against the CPU kernels they stand in for.
 
 Every test is marked ``cudasim``: they run in numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, as
 CI runs the suite), on small blocks and small thread blocks, or on a GPU with CuPy arrays. Without
@@ -17,8 +17,9 @@ import pytest
 from numba.core import config
 
 from gdask.devices import context
-from gdask.ml import _bounds, _kernels
-from gdask.ml import _logistic_kernels as lk
+from gdask.ml import kernels
+from gdask.ml import kernels as lk
+from gdask.ml.kernels import _common, _dispatch, _hamerly_cpu, _hamerly_xp
 
 
 def _mode() -> str | None:
@@ -39,7 +40,10 @@ pytestmark = [pytest.mark.cudasim,
               pytest.mark.skipif(MODE is None, reason="needs NUMBA_ENABLE_CUDASIM=1 or a CUDA GPU with CuPy")]
 
 if MODE is not None:
-    from gdask.ml import _cuda_kernels as ck
+    from gdask.ml.kernels import _cuda_common as cuc
+    from gdask.ml.kernels import _hamerly_cuda as hmc
+    from gdask.ml.kernels import _kmeans_cuda as kmc
+    from gdask.ml.kernels import _logistic_cuda as lgc
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -98,7 +102,7 @@ def _assert_clear(X, C):
     d2 = np.sort(_sqdist(X, C), axis=1)
     assert (d2[:, 1] - d2[:, 0] > 1e-3 * (1 + d2[:, 0])).all(), "test data has near ties: pick another seed"
     far = np.sort(d2[:, 0])[::-1]
-    q = min(_kernels.N_FARTHEST, len(far))
+    q = min(kernels.N_FARTHEST, len(far))
     if len(far) > q:
         assert far[q - 1] - far[q] > 1e-4 * far[q], "test data has a near tie among the farthest rows"
 
@@ -134,19 +138,19 @@ def test_lloyd_partial_matches_cpu(dtype, weighted):
     X, C = _blobs(dtype=dtype, seed=1)
     _assert_clear(X, C.astype(dtype))
     w = np.random.default_rng(2).uniform(0.1, 3.0, len(X)) if weighted else None
-    g = ck.lloyd_partial_cuda(dev(X), C, None if w is None else dev(w))
-    c = _kernels.lloyd_partial(X, C, w)
+    g = kmc.lloyd_partial(dev(X), C, None if w is None else dev(w))
+    c = kernels.lloyd_partial(X, C, w)
     _assert_lloyd_equal(g, c, dtype)
-    assert len(g["far_d"]) == _kernels.N_FARTHEST
+    assert len(g["far_d"]) == kernels.N_FARTHEST
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_assign_matches_cpu(dtype):
     X, C = _blobs(n=257, d=3, k=5, dtype=dtype, seed=3)
     _assert_clear(X, C.astype(dtype))
-    labels, mind = ck.assign_cuda(dev(X), C)
+    labels, mind = kmc.assign(dev(X), C)
     assert type(labels) is type(dev(X)) and labels.dtype == np.int32 and mind.dtype == np.float64
-    cl, cm = _kernels.assign(X, C)
+    cl, cm = kernels.assign(X, C)
     np.testing.assert_array_equal(host(labels), cl)
     np.testing.assert_allclose(host(mind), cm, **_tol(dtype))
     np.testing.assert_allclose(host(mind), _sqdist(X, C.astype(dtype)).min(1), rtol=1e-12, atol=1e-12)
@@ -165,13 +169,13 @@ def test_empty_clusters_and_ties():
     X[10:20:2] = X[128:138:2] = [-3.0, -3.0]
     X[11:20:2] = X[129:138:2] = [-3.0, 3.0]
     X[140] = [-3.0, -3.0]
-    labels, mind = ck.assign_cuda(dev(X), C)
-    cl, cm = _kernels.assign(X, C)
+    labels, mind = kmc.assign(dev(X), C)
+    cl, cm = kernels.assign(X, C)
     np.testing.assert_array_equal(host(labels), cl)
     assert (host(labels)[:10] == 0).all()
     np.testing.assert_array_equal(host(mind), cm)
-    g = ck.lloyd_partial_cuda(dev(X), C)
-    c = _kernels.lloyd_partial(X, C)
+    g = kmc.lloyd_partial(dev(X), C)
+    c = kernels.lloyd_partial(X, C)
     np.testing.assert_array_equal(g["counts"], c["counts"])
     assert g["counts"][2] == 0 and g["counts"][3] == 0
     np.testing.assert_array_equal(g["sums"], c["sums"])
@@ -185,7 +189,7 @@ def test_empty_clusters_and_ties():
     assert all((X == row).all(1).any() for row in g["far_rows"])
     # among rows equally far, the lower row index wins (in each thread block and across them)
     own = _sqdist(X, C)[np.arange(len(X)), cl]
-    expect = np.lexsort((np.arange(len(X)), -own))[:_kernels.N_FARTHEST]
+    expect = np.lexsort((np.arange(len(X)), -own))[:kernels.N_FARTHEST]
     np.testing.assert_array_equal(_by_distance(g)["far_rows"], X[expect])
 
 
@@ -193,8 +197,8 @@ def test_empty_clusters_and_ties():
 def test_block_smaller_than_farthest_rows(n):
     X, C = _blobs(n=n, d=4, k=3, dtype=np.float64, seed=5)
     w = np.linspace(0.5, 2.0, n)
-    g = ck.lloyd_partial_cuda(dev(X), C, dev(w))
-    c = _kernels.lloyd_partial(X, C, w)
+    g = kmc.lloyd_partial(dev(X), C, dev(w))
+    c = kernels.lloyd_partial(X, C, w)
     assert len(g["far_d"]) == n
     _assert_lloyd_equal(g, c, np.float64)
 
@@ -203,42 +207,42 @@ def test_block_smaller_than_farthest_rows(n):
 def test_thread_block_and_grid_shapes(threads, blocks, monkeypatch):
     """n not a multiple of the thread block; one block striding over all rows; more blocks than rows
     need (the grid shrinks)."""
-    monkeypatch.setattr(ck, "SIM_THREADS", threads)
-    monkeypatch.setattr(ck, "THREADS", threads)
-    monkeypatch.setattr(ck, "SIM_MAX_BLOCKS", blocks)
+    monkeypatch.setattr(cuc, "SIM_THREADS", threads)
+    monkeypatch.setattr(cuc, "THREADS", threads)
+    monkeypatch.setattr(cuc, "SIM_MAX_BLOCKS", blocks)
     X, C = _blobs(n=77, d=3, k=3, dtype=np.float32, seed=6)
     _assert_clear(X, C.astype(np.float32))
-    _assert_lloyd_equal(ck.lloyd_partial_cuda(dev(X), C), _kernels.lloyd_partial(X, C), np.float32)
+    _assert_lloyd_equal(kmc.lloyd_partial(dev(X), C), kernels.lloyd_partial(X, C), np.float32)
 
 
 @pytest.mark.parametrize("budget", ["sums-only", "nothing"])
 def test_without_shared_memory_for_sums_or_centers(budget, monkeypatch):
     """Centers read from global memory, sums kept in the thread block's row of the partials in global
     memory: the same answers."""
-    tpb, k, d = ck._threads(), 4, 5
-    base = 8 * ck._lloyd_base_words(tpb, k)
-    monkeypatch.setattr(ck, "SHARED_BUDGET", base + (8 * k * d if budget == "sums-only" else 0))
-    sh_sums, sh_c, _ = ck._lloyd_shared(k, d, tpb, 4)
+    tpb, k, d = cuc.threads(), 4, 5
+    base = 8 * kmc._base_words(tpb, k)
+    monkeypatch.setattr(cuc, "SHARED_BUDGET", base + (8 * k * d if budget == "sums-only" else 0))
+    sh_sums, sh_c, _ = kmc._layout(k, d, tpb, 4)
     assert (sh_sums, sh_c) == ((True, False) if budget == "sums-only" else (False, False))
     X, C = _blobs(n=120, d=d, k=k, dtype=np.float32, seed=7)
     _assert_clear(X, C.astype(np.float32))
     w = np.random.default_rng(8).uniform(0.5, 2.0, len(X))
-    _assert_lloyd_equal(ck.lloyd_partial_cuda(dev(X), C, dev(w)), _kernels.lloyd_partial(X, C, w), np.float32)
+    _assert_lloyd_equal(kmc.lloyd_partial(dev(X), C, dev(w)), kernels.lloyd_partial(X, C, w), np.float32)
 
 
 def test_bad_inputs_are_named():
     X, C = _blobs(n=10, d=3, k=2, seed=9)
-    with pytest.raises(ck.CudaKernelError, match="float32 or float64"):
-        ck.lloyd_partial_cuda(dev(X.astype(np.int32)), C)
-    with pytest.raises(ck.CudaKernelError, match=r"centers must be a \(k, 3\)"):
-        ck.assign_cuda(dev(X), C[:, :2])
-    with pytest.raises(ck.CudaKernelError, match="one entry per row"):
-        ck.lloyd_partial_cuda(dev(X), C, dev(np.ones(3)))
-    with pytest.raises(ck.CudaKernelError, match="integer class codes"):
-        ck.loss_grad_cuda(dev(X), dev(np.zeros(10)), np.zeros((1, 3)), np.zeros(1))
+    with pytest.raises(cuc.CudaKernelError, match="float32 or float64"):
+        kmc.lloyd_partial(dev(X.astype(np.int32)), C)
+    with pytest.raises(cuc.CudaKernelError, match=r"centers must be a \(k, 3\)"):
+        kmc.assign(dev(X), C[:, :2])
+    with pytest.raises(cuc.CudaKernelError, match="one entry per row"):
+        kmc.lloyd_partial(dev(X), C, dev(np.ones(3)))
+    with pytest.raises(cuc.CudaKernelError, match="integer class codes"):
+        lgc.loss_grad(dev(X), dev(np.zeros(10)), np.zeros((1, 3)), np.zeros(1))
     if MODE == "sim":
-        with pytest.raises(ck.CudaKernelError, match="NumPy arrays"):
-            ck.assign_cuda(X.tolist(), C)
+        with pytest.raises(cuc.CudaKernelError, match="NumPy arrays"):
+            kmc.assign(X.tolist(), C)
 
 
 # -- Hamerly bounds ----------------------------------------------------------------------------------
@@ -249,8 +253,8 @@ def test_first_pass_matches_cpu(dtype, weighted):
     _assert_clear(X, C.astype(dtype))
     w = np.random.default_rng(11).uniform(0.1, 3.0, len(X)) if weighted else None
     blk = dev(X)
-    st = ck.first_pass_cuda(blk, C, None if w is None else dev(w))
-    ref = _bounds._first_pass(X, C, w)
+    st = hmc.first_pass(blk, C, None if w is None else dev(w))
+    ref = _hamerly_cpu.first_pass(X, C, w)
     assert st.ref() is blk and type(st.labels) is type(blk) and st.labels.dtype == np.int32
     np.testing.assert_array_equal(host(st.labels), ref.labels)
     np.testing.assert_allclose(host(st.sums), ref.sums, **_tol(dtype))
@@ -287,7 +291,7 @@ def _centers_path(X, C, steps, w=None):
 
 
 def _copy(st):
-    return _bounds.BlockBounds(st.ref, st.centers.copy(), st.labels.copy(), st.upper.copy(), st.lower.copy(),
+    return kernels.BlockBounds(st.ref, st.centers.copy(), st.labels.copy(), st.upper.copy(), st.lower.copy(),
                                st.sums.copy(), st.counts.copy())
 
 
@@ -300,18 +304,18 @@ def test_bounds_step_matches_cpu(dtype, weighted):
     X, C = _blobs(n=240, d=3, k=5, dtype=dtype, seed=12, spread=2.5)  # overlapping: rows change
     w = np.random.default_rng(13).uniform(0.1, 3.0, len(X)) if weighted else None
     path = _centers_path(X, C, 4, w)
-    cpu = _bounds._first_pass(X, path[0], w)
+    cpu = _hamerly_cpu.first_pass(X, path[0], w)
     gpu = _copy(cpu)
     blk = dev(X)
     gpu.labels, gpu.upper, gpu.lower = dev(gpu.labels), dev(gpu.upper), dev(gpu.lower)
     gpu.sums, gpu.counts = dev_c(gpu.sums), dev(gpu.counts)
     total_changed = 0
     for old, new in itertools.pairwise(path):
-        drift, half, m1, d1, d2, cc = _bounds._center_geometry(new, old)
-        wv = _kernels._NO_WEIGHTS if w is None else w
-        changed, looked = _bounds._hamerly_numba(X.T, wv, new, cpu.labels, cpu.upper, cpu.lower, cpu.sums,
+        drift, half, m1, d1, d2, cc = _common.center_geometry(new, old)
+        wv = w
+        changed, looked = _hamerly_cpu._step_numba(X.T, wv, new, cpu.labels, cpu.upper, cpu.lower, cpu.sums,
                                                  cpu.counts, drift, half, m1, d1, d2, cc, len(X))
-        g_changed, g_looked = ck.bounds_sweep_cuda(blk, new, old, gpu.labels, gpu.upper, gpu.lower, gpu.sums,
+        g_changed, g_looked = hmc.sweep(blk, new, old, gpu.labels, gpu.upper, gpu.lower, gpu.sums,
                                                    gpu.counts, None if w is None else dev(w))
         assert (g_changed, g_looked) == (changed, looked)
         np.testing.assert_array_equal(host(gpu.labels), cpu.labels)
@@ -337,10 +341,10 @@ def test_bounds_step_on_a_block_state():
     X, C = _blobs(n=150, d=3, k=3, dtype=np.float32, seed=14, spread=2.0)
     path = _centers_path(X, C, 2)
     blk = dev(X)
-    st = ck.first_pass_cuda(blk, path[0])
-    ref = _bounds._first_pass(X, path[0], None)
-    changed = ck.bounds_step_cuda(blk, path[1], st)
-    ref_changed = _bounds._step_xp(X, path[1], ref, None)
+    st = hmc.first_pass(blk, path[0])
+    ref = _hamerly_cpu.first_pass(X, path[0], None)
+    changed = hmc.step(blk, path[1], st)
+    ref_changed = _hamerly_xp.step(X, path[1], ref, None)
     assert changed == ref_changed > 0
     np.testing.assert_array_equal(host(st.labels), ref.labels)
     np.testing.assert_allclose(host(st.sums), ref.sums, rtol=1e-6, atol=1e-6)
@@ -373,7 +377,7 @@ def test_loss_grad_binomial_matches_cpu(dtype, weights):
     X, y, coef, b = _logistic_data(203, 6, 1, dtype, seed=20)
     w = np.random.default_rng(21).uniform(0.1, 2.0, len(X)) if weights != "none" else None
     cw = np.array([0.7, 1.9]) if weights == "sample+class" else None
-    g = ck.loss_grad_cuda(dev(X), dev(y), coef, b, None if w is None else dev(w), cw)
+    g = lgc.loss_grad(dev(X), dev(y), coef, b, None if w is None else dev(w), cw)
     _assert_loss_grad_equal(g, lk.loss_grad(X, y, coef, b, w, cw), dtype)
 
 
@@ -383,7 +387,7 @@ def test_loss_grad_multinomial_matches_cpu(dtype, weighted):
     X, y, coef, b = _logistic_data(150, 4, 3, dtype, seed=22)
     w = np.random.default_rng(23).uniform(0.1, 2.0, len(X)) if weighted else None
     cw = np.array([1.0, 0.5, 2.0]) if weighted else None
-    g = ck.loss_grad_cuda(dev(X), dev(y), coef, b, None if w is None else dev(w), cw)
+    g = lgc.loss_grad(dev(X), dev(y), coef, b, None if w is None else dev(w), cw)
     _assert_loss_grad_equal(g, lk.loss_grad(X, y, coef, b, w, cw), dtype)
 
 
@@ -393,12 +397,12 @@ def test_loss_grad_large_margins_and_global_fallback(k, monkeypatch):
     for the coefficients or the gradient slots the answer is the same."""
     X, y, coef, b = _logistic_data(90, 5, k, np.float64, seed=24, scale=80.0)
     c = lk.loss_grad(X, y, coef, b)
-    g = ck.loss_grad_cuda(dev(X), dev(y), coef, b)
+    g = lgc.loss_grad(dev(X), dev(y), coef, b)
     assert np.isfinite(g[0]) and g[0] > 1e3
     _assert_loss_grad_equal(g, c, np.float64)
-    tpb = ck._threads()
-    monkeypatch.setattr(ck, "SHARED_BUDGET", 8 * tpb * (k + 1))
-    _assert_loss_grad_equal(ck.loss_grad_cuda(dev(X), dev(y), coef, b), c, np.float64)
+    tpb = cuc.threads()
+    monkeypatch.setattr(cuc, "SHARED_BUDGET", 8 * tpb * (k + 1))
+    _assert_loss_grad_equal(lgc.loss_grad(dev(X), dev(y), coef, b), c, np.float64)
 
 
 # -- dispatch ----------------------------------------------------------------------------------------
@@ -412,31 +416,31 @@ def test_block_functions_hand_cupy_blocks_to_the_kernels(monkeypatch):
     _assert_clear(X, C.astype(np.float32))
     w = np.random.default_rng(51).uniform(0.1, 2.0, len(X))
     Xl, y, coef, b = _logistic_data(150, 4, 1, np.float64, seed=52)
-    cpu = {"lloyd": _kernels.lloyd_partial(X, C, w), "assign": _kernels.assign(X, C),
+    cpu = {"lloyd": kernels.lloyd_partial(X, C, w), "assign": kernels.assign(X, C),
            "loss": lk.loss_grad(Xl, y, coef, b, w[:150])}
     path = _centers_path(X, C, 2)
-    cpu_b = [_bounds.bounds_partial(X, path[0], "cpu", history=[]), _bounds.bounds_partial(X, path[1], "cpu")]
+    cpu_b = [kernels.bounds_partial(X, path[0], "cpu", history=[]), kernels.bounds_partial(X, path[1], "cpu")]
     calls = []
-    for name in ("lloyd_partial_cuda", "assign_cuda", "first_pass_cuda", "bounds_step_cuda", "loss_grad_cuda"):
-        real = getattr(ck, name)
-        monkeypatch.setattr(ck, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
-    monkeypatch.setattr(ck, "usable", lambda: True)
-    monkeypatch.setattr(_kernels, "block_kind", lambda x: "cupy")
-    monkeypatch.setattr(lk, "block_kind", lambda x: "cupy")
-    _assert_lloyd_equal(_kernels.lloyd_partial(X, C, w), cpu["lloyd"], np.float32)
-    labels, mind = _kernels.assign(X, C)
+    for mod, name in ((kmc, "lloyd_partial"), (kmc, "assign"), (hmc, "first_pass"), (hmc, "step"), (lgc, "loss_grad")):
+        real = getattr(mod, name)
+        label = f"{mod.__name__.rsplit('.', 1)[1]}.{name}"
+        monkeypatch.setattr(mod, name, lambda *a, _real=real, _name=label, **k: calls.append(_name) or _real(*a, **k))
+    monkeypatch.setattr(cuc, "usable", lambda: True)
+    monkeypatch.setattr(_dispatch, "block_kind", lambda x: "cupy")
+    _assert_lloyd_equal(kernels.lloyd_partial(X, C, w), cpu["lloyd"], np.float32)
+    labels, mind = kernels.assign(X, C)
     np.testing.assert_array_equal(host(labels), cpu["assign"][0])
     _assert_loss_grad_equal(lk.loss_grad(Xl, y, coef, b, w[:150]), cpu["loss"], np.float64)
-    gpu_b = [_bounds.bounds_partial(X, path[0], "gpu", history=[]), _bounds.bounds_partial(X, path[1], "gpu")]
+    gpu_b = [kernels.bounds_partial(X, path[0], "gpu", history=[]), kernels.bounds_partial(X, path[1], "gpu")]
     for g, c in zip(gpu_b, cpu_b):
         np.testing.assert_allclose(g["sums"], c["sums"], rtol=1e-5, atol=1e-4)
         np.testing.assert_allclose(g["counts"], c["counts"])
         assert g["changed"] == c["changed"]
-    assert sorted(set(calls)) == ["assign_cuda", "bounds_step_cuda", "first_pass_cuda", "lloyd_partial_cuda",
-                                  "loss_grad_cuda"]
-    monkeypatch.setattr(ck, "usable", lambda: False)  # no usable numba.cuda: the array API code instead
+    assert sorted(set(calls)) == ["_hamerly_cuda.first_pass", "_hamerly_cuda.step", "_kmeans_cuda.assign",
+                                  "_kmeans_cuda.lloyd_partial", "_logistic_cuda.loss_grad"]
+    monkeypatch.setattr(cuc, "usable", lambda: False)  # no usable numba.cuda: the array API code instead
     calls.clear()
-    _assert_lloyd_equal(_kernels.host(_kernels.lloyd_partial(X, C, w)), cpu["lloyd"], np.float32)
+    _assert_lloyd_equal(kernels.host(kernels.lloyd_partial(X, C, w)), cpu["lloyd"], np.float32)
     assert not calls
     for token in ("cpu", "gpu"):  # this process's state: leave none behind for the next tests
         context().state.drop(token)
@@ -451,38 +455,38 @@ def test_kernels_give_the_same_bits_twice(monkeypatch):
     """Every sum of the kernels has a fixed order (per-thread-block partials added in thread-block
     order, no floating-point atomics): the same launch twice gives identical bits, whatever order the
     threads run in (the simulator runs them as Python threads, in no fixed order)."""
-    monkeypatch.setattr(ck, "SIM_MAX_BLOCKS", 3)
+    monkeypatch.setattr(cuc, "SIM_MAX_BLOCKS", 3)
     X, C = _blobs(n=211, d=4, k=5, dtype=np.float32, seed=40, spread=2.5)
     w = np.random.default_rng(41).uniform(0.1, 3.0, len(X))
-    runs = [ck.lloyd_partial_cuda(dev(X), C, dev(w)) for _ in range(2)]
+    runs = [kmc.lloyd_partial(dev(X), C, dev(w)) for _ in range(2)]
     for key in ("sums", "counts", "far_d", "far_rows"):
         assert _bits(runs[0][key]) == _bits(runs[1][key]), key
     assert _bits(runs[0]["inertia"]) == _bits(runs[1]["inertia"])
-    firsts = [ck.first_pass_cuda(dev(X), C, dev(w)) for _ in range(2)]
+    firsts = [hmc.first_pass(dev(X), C, dev(w)) for _ in range(2)]
     assert _bits(firsts[0].sums) == _bits(firsts[1].sums) and firsts[0].sxx == firsts[1].sxx
     path = _centers_path(X, C, 2, w)
     steps = []
     for _ in range(2):
-        st = _copy(_bounds._first_pass(X, path[0], w))
+        st = _copy(_hamerly_cpu.first_pass(X, path[0], w))
         st.labels, st.upper, st.lower = dev(st.labels), dev(st.upper), dev(st.lower)
         st.sums, st.counts = dev_c(st.sums), dev(st.counts)
-        changed, _ = ck.bounds_sweep_cuda(dev(X), path[2], path[0], st.labels, st.upper, st.lower, st.sums,
+        changed, _ = hmc.sweep(dev(X), path[2], path[0], st.labels, st.upper, st.lower, st.sums,
                                           st.counts, dev(w))
         steps.append((changed, _bits(st.sums), _bits(st.counts), _bits(st.labels)))
     assert steps[0] == steps[1] and steps[0][0] > 0
     Xl, y, coef, b = _logistic_data(190, 5, 3, np.float32, seed=42)
-    grads = [ck.loss_grad_cuda(dev(Xl), dev(y), coef, b, dev(w[:190])) for _ in range(2)]
+    grads = [lgc.loss_grad(dev(Xl), dev(y), coef, b, dev(w[:190])) for _ in range(2)]
     assert [_bits(v) for v in grads[0]] == [_bits(v) for v in grads[1]]
 
 
 # -- packaging ---------------------------------------------------------------------------------------
 def test_kernels_compile_once_per_dtype():
     X, C = _blobs(n=40, d=2, k=2, seed=30)
-    ck.assign_cuda(dev(X), C)
-    first = dict(ck._KERNELS)
-    ck.assign_cuda(dev(X[:17]), C + 1.0)
-    assert ck._KERNELS == first and all(ck._KERNELS[key] is first[key] for key in first)
-    assert ("lloyd", "float32") in ck._KERNELS
+    kmc.assign(dev(X), C)
+    first = dict(cuc.KERNELS)
+    kmc.assign(dev(X[:17]), C + 1.0)
+    assert cuc.KERNELS == first and all(cuc.KERNELS[key] is first[key] for key in first)
+    assert ("assign", "float32") in cuc.KERNELS
 
 
 _PTX_SCRIPT = """
@@ -497,12 +501,15 @@ except Exception as e:  # no CUDA toolkit (libnvvm) here
 import numba.cuda.dispatcher as nd
 # device functions ask the current device for its compute capability: there is none here
 nd.get_current_device = lambda: types.SimpleNamespace(compute_capability=(9, 0))
-from gdask.ml import _cuda_kernels as ck
+from gdask.ml.kernels import _cuda_common as cuc, _hamerly_cuda, _kmeans_cuda, _logistic_cuda  # registers them
 A = lambda dt, nd=1, layout="C": t.Array(dt, nd, layout)
 f64, i64, i32, b = t.float64, t.int64, t.int32, t.boolean
 for dt in (t.float32, t.float64):
-    sigs = {"lloyd": [(A(dt, 2, lay), A(f64), A(dt), A(c64), i64, A(f64), A(f64), A(f64), A(f64), A(i64), A(i32),
-                       A(i32), A(f64), A(f64), f64, b, b, b, b, b, b) for lay in "CA" for c64 in {dt, f64}],
+    parts = (i64, A(f64), A(f64), A(f64), A(f64), A(i64), A(i32))  # k, partials, farthest rows
+    sigs = {"lloyd-stats": [(A(dt, 2, lay), A(f64), A(dt), *parts, b, b, b) for lay in "CA"],
+            "first-pass": [(A(dt, 2, lay), A(f64), A(dt), A(f64), *parts, A(i32), A(f64), A(f64), f64, b, b, b)
+                           for lay in "CA"],
+            "assign": [(A(dt, 2, lay), A(dt), i64, A(i32), A(f64), b) for lay in "CA"],
             "rowsum": [(A(f64, 2), A(f64))],
             "hamerly": [(A(dt, 2), A(f64), A(i32), A(f64), A(f64), A(f64), A(f64), A(f64), i64, f64, f64, A(i64),
                          A(i64), A(i32), b)],
@@ -510,7 +517,7 @@ for dt in (t.float32, t.float64):
             "logistic": [(A(dt, 2), A(i32), A(dt), A(dt), A(f64), A(f64), A(f64), A(f64), b, b, b, b, i64)]}
     for name, sig_list in sigs.items():
         for sig in sig_list:
-            ptx, _ = cuda.compile_ptx(ck._kernel(name, str(dt)).py_func, sig, cc=(9, 0))
+            ptx, _ = cuda.compile_ptx(cuc.kernel(name, str(dt)).py_func, sig, cc=(9, 0))
             assert ".entry" in ptx, name
             # deterministic sums: no floating-point atomic adds anywhere (integer counters only)
             assert not re.search(r"atom\\.[a-z.]*\\.f(32|64)", ptx), f"{name} has floating-point atomics"
@@ -532,7 +539,8 @@ def test_kernels_compile_for_a_gpu():
 
 
 def test_import_does_not_load_numba_cuda():
-    code = ("import sys; import gdask, gdask.ml._kernels, gdask.ml._bounds, gdask.ml._cuda_kernels; "
+    code = ("import sys; import gdask, gdask.ml.kernels, gdask.ml.kernels._kmeans_cuda, "
+            "gdask.ml.kernels._hamerly_cuda, gdask.ml.kernels._logistic_cuda; "
             "assert 'numba.cuda' not in sys.modules, 'numba.cuda imported'")
     out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
                          timeout=120, env=dict(os.environ))

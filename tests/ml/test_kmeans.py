@@ -3,7 +3,7 @@ import pandas as pd
 import pytest
 
 import gdask
-from gdask.ml import KMeans, _kernels
+from gdask.ml import KMeans, kernels
 
 sk = pytest.importorskip("sklearn.cluster")
 
@@ -101,7 +101,7 @@ def test_empty_cluster_is_relocated_to_farthest_point(backend):
     np.testing.assert_allclose(km.cluster_centers_, ref.cluster_centers_, rtol=1e-5)
 
 
-@pytest.mark.parametrize("n_empty", [3, _kernels.N_FARTHEST + 2])  # from the Lloyd pass / an extra pass
+@pytest.mark.parametrize("n_empty", [3, kernels.N_FARTHEST + 2])  # from the Lloyd pass / an extra pass
 def test_many_empty_clusters_take_the_farthest_points(n_empty, backend):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((600, 3)).astype(np.float32)

@@ -8,12 +8,13 @@ import pytest
 import gdask
 from gdask import DeviceMemoryError
 from gdask.devices import StateSpaces, asarray_like, context, current_device, to_numpy
-from gdask.ml import KMeans, _bounds, _kernels
+from gdask.ml import KMeans, kernels
+from gdask.ml.kernels import _common, _hamerly, _hamerly_cpu, _hamerly_xp
 
 
 def _fit_states(dask_worker=None) -> list:
     """Tokens of the fit states kept by this process (or worker): none once fits have ended."""
-    return [t for t in context(dask_worker).state.tokens() if t != _kernels._NORMS_SPACE]
+    return [t for t in context(dask_worker).state.tokens() if t != kernels.NORMS_SPACE]
 
 
 def _drop(token):
@@ -38,8 +39,8 @@ def test_elkan_equals_lloyd(weighted, monkeypatch, backend):
     X, init = _overlapping()
     w = np.random.default_rng(1).uniform(0.1, 3, len(X)) if weighted else None
     calls = []
-    partial = _bounds.bounds_partial
-    monkeypatch.setattr(_bounds, "bounds_partial", lambda *a, **k: calls.append(1) or partial(*a, **k))
+    partial = kernels.bounds_partial
+    monkeypatch.setattr(kernels, "bounds_partial", lambda *a, **k: calls.append(1) or partial(*a, **k))
     a = KMeans(len(init), init=init, max_iter=25, tol=0, algorithm="elkan").fit(X, sample_weight=w)
     assert len(calls) > 10  # once the centers settle, the iterations run on the bounds
     b = KMeans(len(init), init=init, max_iter=25, tol=0, algorithm="lloyd").fit(X, sample_weight=w)
@@ -66,14 +67,14 @@ def test_elkan_with_client_and_relocation(bclient):
 
 
 def _steps(blk, centers_seq, use_xp):
-    st = _bounds._first_pass(blk, centers_seq[0], None)
+    st = _hamerly_cpu.first_pass(blk, centers_seq[0], None)
     for c in centers_seq[1:]:
         if use_xp:
-            _bounds._step_xp(blk, c, st, None)
+            _hamerly_xp.step(blk, c, st, None)
         else:
-            drift, half, m1, d1, d2, cc = _bounds._center_geometry(c, st.centers)
-            _bounds._hamerly_numba(blk.T, _kernels._NO_WEIGHTS, c, st.labels, st.upper, st.lower, st.sums,
-                                   st.counts, drift, half, m1, d1, d2, cc, len(blk))
+            drift, half, m1, d1, d2, cc = _common.center_geometry(c, st.centers)
+            _hamerly_cpu._step_numba(blk.T, None, c, st.labels, st.upper, st.lower, st.sums, st.counts, drift,
+                                     half, m1, d1, d2, cc, len(blk))
         st.centers = c
     return st
 
@@ -102,26 +103,26 @@ def test_lost_state_is_rebuilt_from_the_history_to_the_same_bits(backend):
     X, init = _overlapping()
     blk = current_device().asarray(X)  # a block of the backend's device
     c0 = init.astype(np.float64)
-    p0 = _bounds.bounds_partial(blk, c0, "t", history=[])
+    p0 = kernels.bounds_partial(blk, c0, "t", history=[])
     c1 = p0["sums"] / p0["counts"][:, None]
-    q1 = _bounds.bounds_partial(blk, c1, "t")  # undisturbed: a step on the kept state
+    q1 = kernels.bounds_partial(blk, c1, "t")  # undisturbed: a step on the kept state
     c2 = q1["sums"] / q1["counts"][:, None]
-    q2 = _bounds.bounds_partial(blk, c2, "t")
+    q2 = kernels.bounds_partial(blk, c2, "t")
     assert _drop("t")  # e.g. the block moved to another worker, or its worker was lost
-    assert _bounds.bounds_partial(blk, c2, "t") == _bounds.MISSING  # no history at hand: asks for it
-    p2 = _bounds.bounds_partial(blk, c2, "t", history=[c0, c1])  # replayed: the same first pass and steps
+    assert kernels.bounds_partial(blk, c2, "t") == kernels.MISSING  # no history at hand: asks for it
+    p2 = kernels.bounds_partial(blk, c2, "t", history=[c0, c1])  # replayed: the same first pass and steps
     for key in ("sums", "counts", "far_d", "far_label", "far_rows"):
         np.testing.assert_array_equal(p2[key], q2[key])
     assert p2["changed"] == q2["changed"]
-    ref = _kernels.host(_kernels.lloyd_partial(blk, asarray_like(c2, blk)))
+    ref = kernels.host(kernels.lloyd_partial(blk, asarray_like(c2, blk)))
     np.testing.assert_allclose(p2["sums"], ref["sums"], rtol=1e-9)
     np.testing.assert_array_equal(p2["counts"], ref["counts"])
     c1 = c2
-    labels, inertia = _bounds.bounds_labels(blk, c1, "t")
-    assert not _bounds.worker_state("t", create=False)  # the block's state went with the final pass
+    labels, inertia = kernels.bounds_labels(blk, c1, "t")
+    assert not _hamerly.worker_state("t", create=False)  # the block's state went with the final pass
     _drop("t")
     labels = to_numpy(labels)
-    l2, m2 = _kernels.host(_kernels.assign(blk, asarray_like(c1, blk)))
+    l2, m2 = kernels.host(kernels.assign(blk, asarray_like(c1, blk)))
     assert (labels != l2).sum() <= 1
     exact = ((X.astype(np.float64) - c1[labels]) ** 2).sum()
     assert inertia == pytest.approx(exact, rel=1e-12)
@@ -131,13 +132,13 @@ def test_step_gives_up_for_a_full_pass_when_centers_jump():
     X, init = _overlapping()
     blk = np.asfortranarray(X)
     c0 = init.astype(np.float64)
-    _bounds.bounds_partial(blk, c0, "j", history=[])
+    kernels.bounds_partial(blk, c0, "j", history=[])
     jumped = c0[::-1].copy()  # every row's cluster changes: the step stops early, a full pass rebuilds
-    p = _bounds.bounds_partial(blk, jumped, "j")
-    ref = _kernels.lloyd_partial(blk, jumped)
+    p = kernels.bounds_partial(blk, jumped, "j")
+    ref = kernels.lloyd_partial(blk, jumped)
     np.testing.assert_allclose(p["sums"], ref["sums"], rtol=1e-9)
     np.testing.assert_array_equal(p["counts"], ref["counts"])
-    assert _bounds._get("j", blk).far is not None  # the state came from a full pass
+    assert _hamerly._get("j", blk).far is not None  # the state came from a full pass
     _drop("j")
 
 
@@ -148,17 +149,17 @@ def test_final_labels_and_inertia_from_the_bounds(offset, weighted):
     blk = np.asfortranarray(X + np.float32(offset))
     c0 = init.astype(np.float64) + offset
     w = np.random.default_rng(3).uniform(0.1, 3, len(X)) if weighted else None
-    p0 = _bounds.bounds_partial(blk, c0, "f", w, history=[])
+    p0 = kernels.bounds_partial(blk, c0, "f", w, history=[])
     c1 = p0["sums"] / p0["counts"][:, None]
-    st = _bounds._get("f", blk)
+    st = _hamerly._get("f", blk)
     assert st.sxx == pytest.approx(float((blk.astype(np.float64) ** 2).sum(1) @ (np.ones(len(X)) if w is None else w)),
                                    rel=1e-12)
-    _bounds.bounds_partial(blk, c1, "f", w)  # a step: sums moved row by row
+    kernels.bounds_partial(blk, c1, "f", w)  # a step: sums moved row by row
     c2 = c1 + 0.01
-    st = _bounds._get("f", blk)
-    assert (_bounds._inertia_from_sums(st) is None) == bool(offset)  # offset: more than 3 digits cancel
-    labels, inertia = _bounds.bounds_labels(blk, c2, "f", w)
-    assert not _bounds.worker_state("f", create=False)
+    st = _hamerly._get("f", blk)
+    assert (_hamerly._inertia_from_sums(st) is None) == bool(offset)  # offset: more than 3 digits cancel
+    labels, inertia = kernels.bounds_labels(blk, c2, "f", w)
+    assert not _hamerly.worker_state("f", create=False)
     _drop("f")
     d2 = ((blk[:, None, :].astype(np.float64) - c2[None]) ** 2).sum(-1)
     best = d2[np.arange(len(blk)), labels]
@@ -171,7 +172,7 @@ def test_no_device_memory_for_bounds_falls_back_to_lloyd(monkeypatch):
     def full(st):
         raise DeviceMemoryError("emulated device 0 out of memory")
 
-    monkeypatch.setattr(_bounds, "_charge", full)
+    monkeypatch.setattr(_hamerly, "_charge", full)
     X, init = _overlapping()
     a = _fit(X, init, "elkan")
     b = _fit(X, init, "lloyd")
@@ -197,12 +198,12 @@ def test_row_norms_are_kept_while_the_block_lives():
     import gc
 
     blk = np.asfortranarray(np.random.default_rng(0).normal(size=(1000, 7)).astype("f4"))
-    first = _kernels.row_norms(blk)
+    first = kernels.row_norms(blk)
     np.testing.assert_allclose(first, (blk.astype("f8") ** 2).sum(1), rtol=1e-12)
-    assert _kernels.row_norms(blk) is first  # computed once per block
+    assert kernels.row_norms(blk) is first  # computed once per block
     other = blk.copy(order="F")
-    assert _kernels.row_norms(other) is not first  # equal data, another block: its own entry
+    assert kernels.row_norms(other) is not first  # equal data, another block: its own entry
     key = id(blk)
     del blk
     gc.collect()
-    assert key not in _bounds.worker_state(_kernels._NORMS_SPACE)  # freed with the block
+    assert key not in _hamerly.worker_state(kernels.NORMS_SPACE)  # freed with the block

@@ -9,7 +9,7 @@ import pytest
 
 import gdask
 from gdask.gdataset import _engine
-from gdask.ml import KMeans, _kernels
+from gdask.ml import KMeans, kernels
 
 
 @pytest.fixture(scope="module")
@@ -113,10 +113,8 @@ def _die_at_call(n):
     """On this worker, exit the process at the ``n``-th block pass of K-means (Lloyd or bounds)."""
     import os
 
-    from gdask.ml import _bounds
-
     calls = [0]
-    for mod, name in ((_kernels, "lloyd_partial"), (_bounds, "bounds_partial")):
+    for mod, name in ((kernels, "lloyd_partial"), (kernels, "bounds_partial")):
         orig = getattr(mod, name)
 
         def dying(*a, _orig=orig, **k):

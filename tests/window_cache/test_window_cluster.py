@@ -31,7 +31,7 @@ def test_kmeans_steps_on_data_twice_the_device_memory(wclient):
     from distributed import wait
 
     import gdask
-    from gdask.ml._kernels import lloyd_combine, lloyd_partial
+    from gdask.ml.kernels import lloyd_combine, lloyd_partial
 
     rng = np.random.default_rng(0)
     X = rng.standard_normal((32 * 2048, 32)).astype(np.float32)
@@ -101,7 +101,7 @@ def test_gdask_kmeans_streams_blocks_through_the_window(wclient):
     assert km.fit_mode_ == "stream"
     s = stats(wclient)
     assert s["hits"] + s.get("prefetch_hits", 0) > 0 and s["bytes_h2d"] > 0  # blocks came through the window
-    from gdask.ml._kernels import assign, lloyd_combine, lloyd_partial
+    from gdask.ml.kernels import assign, lloyd_combine, lloyd_partial
 
     c = init.copy()  # reference: the same Lloyd iterations here, all in memory, without the cluster
     blocks = [np.asfortranarray(X[i:i + 2048]) for i in range(0, len(X), 2048)]

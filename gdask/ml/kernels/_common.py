@@ -1,0 +1,105 @@
+"""What every kernel module shares, whatever its backend: constants, the bounds state's shape, the
+geometry of a centers' move, and host-side helpers. Imports no other module of this package.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gdask.devices import array_namespace, asarray_like, astype, to_numpy
+
+#: rows per block kept as candidates for empty clusters; more empty clusters than this at once take
+#: an extra pass (``_farthest_rows`` in ``gdask.ml._kmeans``)
+N_FARTHEST = 8
+
+#: the keys of a K-means partial that name its farthest rows
+FAR = ("far_d", "far_label", "far_rows", "far_w")
+
+#: rows per slice of the array API reference's one-hot products (bounds its (rows, k) temporaries)
+XP_CHUNK = 1 << 15
+
+
+@dataclass
+class BlockBounds:
+    """Per-row bounds of one block and its per-cluster sums, valid for ``centers`` (Hamerly)."""
+
+    ref: Any  # weakref to the block
+    centers: Any  # (k, d) float64, the centers the bounds and labels refer to
+    labels: Any  # (n,) int32
+    upper: Any  # (n,) float64
+    lower: Any  # (n,) float64
+    sums: Any  # (k, d) float64
+    counts: Any  # (k,) float64
+    far: Any = None  # after a full pass: (squared distances, rows, labels) of the farthest rows
+    sxx: float = float("nan")  # sum_i w_i |x_i|^2 in float64, from the full pass (for the inertia at the end)
+    memo: Any = None  # the last passes' (centers, partial): a pass asked again gets the same answer
+
+
+def center_geometry(centers: np.ndarray, old: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, float, float,
+                                                                    np.ndarray]:
+    """Drift per center, half the distance to the nearest other center, the largest drift (its
+    center and value), the second largest, and the center-to-center distances (host float64)."""
+    drift = np.sqrt(((centers - old) ** 2).sum(1))
+    k = centers.shape[0]
+    cc = np.sqrt(np.maximum(((centers[:, None, :] - centers[None, :, :]) ** 2).sum(-1), 0.0))
+    if k > 1:
+        off = cc + np.diag(np.full(k, np.inf))
+        half = 0.5 * off.min(1)
+        m1 = int(np.argmax(drift))
+        d1 = float(drift[m1])
+        d2 = float(np.max(np.delete(drift, m1)))
+    else:
+        half = np.full(1, np.inf)
+        m1, d1, d2 = 0, float(drift[0]), 0.0
+    return drift, half, m1, d1, d2, cc
+
+
+def device_of(x: Any) -> Any:
+    """The array API device of ``x``."""
+    from array_api_compat import device
+
+    return device(x)
+
+
+def host(x: Any) -> Any:
+    """A block kernel's result on the host (dict values, tuples and 0-d arrays too): what the block
+    task does with it (for tests and callers outside block tasks)."""
+    if isinstance(x, dict):
+        return {key: host(v) for key, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(host(v) for v in x)
+    out = to_numpy(x)
+    return out[()] if getattr(out, "ndim", None) == 0 else out
+
+
+def weighted_total(values: Any, w: Any) -> float:
+    """``sum(values * w)`` (``sum(values)`` without weights) as a Python float."""
+    if isinstance(values, np.ndarray) and (w is None or isinstance(w, np.ndarray)):
+        return float(values.sum() if w is None else (values * w).sum())
+    xp = array_namespace(values, w)
+    return float(xp.sum(values) if w is None else xp.sum(values * w))
+
+
+def row_weights(y: Any, w: Any, class_w: Any) -> Any:
+    """Effective weight of each row (``sample_weight * class_weight[y]``) or ``None`` (all ones)."""
+    if class_w is not None:
+        cw = class_w[y] if isinstance(class_w, np.ndarray) else array_namespace(class_w).take(class_w, y)
+        return cw if w is None else cw * w
+    return w
+
+
+def as_float(x: Any, dtype: Any, like: Any) -> Any:
+    """A small operand in ``dtype`` on the device of block ``like`` (host data is moved there)."""
+    if isinstance(x, (np.ndarray, np.generic)) and not isinstance(like, np.ndarray):
+        return asarray_like(x, like, dtype=dtype)
+    return astype(x, dtype) if hasattr(x, "shape") else asarray_like(x, like, dtype=dtype)
+
+
+def take_rows(x: Any, idx: np.ndarray) -> Any:
+    """Rows ``idx`` (host indices) of a block or weights, on the block's device."""
+    if isinstance(x, np.ndarray):
+        return x[idx]
+    return array_namespace(x).take(x, asarray_like(np.asarray(idx, dtype=np.int64), x), axis=0)

@@ -1,0 +1,179 @@
+"""numba helpers the CPU K-means kernels share (``_kmeans_cpu``, ``_hamerly_cpu``), inlined into each
+kernel at numba's IR level, and the per-block row norms.
+
+Blocks are feature-major (``blk.T`` is a C-contiguous ``(d, n)`` array): the kernels walk a tile of
+:data:`TILE` consecutive rows one feature at a time, so the inner loops are SIMD loops over rows.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import numpy as np
+from numba import njit
+
+from gdask.devices import worker_state
+
+#: rows per tile of the tiled kernels
+TILE = 128
+
+#: the worker state space of the row norms of the blocks a worker holds
+NORMS_SPACE = "kmeans-row-norms"
+_norms_lock = threading.Lock()
+
+
+@njit(inline="always")
+def prepare_centers(centers, dtype):  # pragma: no cover - compiled
+    """``-2 c`` and ``|c|^2`` per center in ``dtype``, and the largest ``|c|``."""
+    k, d = centers.shape
+    c2 = np.empty((k, d), dtype)
+    cn = np.empty(k, dtype)
+    cmax = 0.0
+    for c in range(k):
+        s = 0.0
+        for j in range(d):
+            c2[c, j] = -2.0 * centers[c, j]
+            s += centers[c, j] * centers[c, j]
+        cn[c] = s
+        cmax = max(cmax, np.sqrt(s))
+    return c2, cn, cmax
+
+
+@njit(inline="always")
+def tile_distances(xt, i0, m, c2, cn, dist):  # pragma: no cover - compiled
+    """``dist[c, :m] = |c|^2 - 2 x.c`` for the tile's rows ``i0 .. i0 + m``, register-blocked: 4
+    features x 2 centers per pass over the tile, so each loaded x vector feeds 8 FMAs and the 8
+    weights stay in registers."""
+    d = xt.shape[0]
+    k = c2.shape[0]
+    for c in range(k):
+        dr = dist[c]
+        v = cn[c]
+        for i in range(m):
+            dr[i] = v
+    j = 0
+    while j + 4 <= d:
+        x0 = xt[j, i0:i0 + m]
+        x1 = xt[j + 1, i0:i0 + m]
+        x2 = xt[j + 2, i0:i0 + m]
+        x3 = xt[j + 3, i0:i0 + m]
+        c = 0
+        while c + 2 <= k:
+            a0, a1, a2, a3 = c2[c, j], c2[c, j + 1], c2[c, j + 2], c2[c, j + 3]
+            b0, b1, b2, b3 = c2[c + 1, j], c2[c + 1, j + 1], c2[c + 1, j + 2], c2[c + 1, j + 3]
+            da = dist[c]
+            db = dist[c + 1]
+            for i in range(m):
+                u0, u1, u2, u3 = x0[i], x1[i], x2[i], x3[i]
+                da[i] += a0 * u0 + a1 * u1 + a2 * u2 + a3 * u3
+                db[i] += b0 * u0 + b1 * u1 + b2 * u2 + b3 * u3
+            c += 2
+        if c < k:
+            a0, a1, a2, a3 = c2[c, j], c2[c, j + 1], c2[c, j + 2], c2[c, j + 3]
+            da = dist[c]
+            for i in range(m):
+                da[i] += a0 * x0[i] + a1 * x1[i] + a2 * x2[i] + a3 * x3[i]
+        j += 4
+    while j < d:
+        x0 = xt[j, i0:i0 + m]
+        for c in range(k):
+            w0 = c2[c, j]
+            dr = dist[c]
+            for i in range(m):
+                dr[i] += w0 * x0[i]
+        j += 1
+
+
+@njit(inline="always")
+def tile_argmin(dist, m, mind, lab):  # pragma: no cover - compiled
+    """Nearest center of each of the tile's rows, vectorised over rows (selects, no branches); ties
+    keep the lowest index."""
+    for i in range(m):
+        mind[i] = dist[0, i]
+        lab[i] = 0
+    for c in range(1, dist.shape[0]):
+        dr = dist[c]
+        for i in range(m):
+            v = dr[i]
+            better = v < mind[i]
+            mind[i] = v if better else mind[i]
+            lab[i] = c if better else lab[i]
+
+
+@njit(inline="always")
+def tile_argmin2(dist, m, mind, mind2, lab):  # pragma: no cover - compiled
+    """:func:`tile_argmin` and the second smallest value of each row."""
+    for i in range(m):
+        mind[i] = dist[0, i]
+        lab[i] = 0
+        mind2[i] = np.inf
+    for c in range(1, dist.shape[0]):
+        dr = dist[c]
+        for i in range(m):
+            v = dr[i]
+            mi = mind[i]
+            mind2[i] = min(mind2[i], max(v, mi))  # the new second smallest, without branches
+            mind[i] = min(v, mi)
+            lab[i] = c if v < mi else lab[i]
+
+
+@njit(inline="always")
+def smallest(v):  # pragma: no cover - compiled
+    out = v[0]
+    for t in range(1, v.shape[0]):
+        out = min(out, v[t])
+    return out
+
+
+@njit(inline="always")
+def keep_farthest(di, row, label, topv, topi, topl):  # pragma: no cover - compiled
+    """Put row ``row`` (squared distance ``di`` to its center ``label``) in place of the nearest of
+    the kept rows; returns the new threshold (the nearest kept distance)."""
+    t_min = 0
+    for t in range(1, topv.shape[0]):
+        if topv[t] < topv[t_min]:
+            t_min = t
+    topv[t_min] = di
+    topi[t_min] = row
+    topl[t_min] = label
+    return smallest(topv)
+
+
+@njit(nogil=True, cache=True)
+def _row_norms_numba(xt, out):  # pragma: no cover - compiled
+    d, n = xt.shape
+    for i in range(n):
+        out[i] = 0.0
+    for j in range(d):  # vectorised over rows, one feature at a time
+        xr = xt[j]
+        for i in range(n):
+            v = np.float64(xr[i])
+            out[i] += v * v
+
+
+def row_norms(blk: np.ndarray) -> np.ndarray:
+    """``|x|^2`` of each row of a NumPy block, in float64, computed once per block and kept while
+    the block lives (8 bytes per row), in the worker's state (:func:`gdask.devices.worker_state`):
+    every full pass of a fit needs them and they never change (blocks are immutable). Keyed by the
+    block object: a fresh view of the same data computes them again."""
+    key = id(blk)
+    cache = worker_state(NORMS_SPACE)
+    hit = cache.get(key)
+    if hit is not None and hit[0]() is blk:
+        return hit[1]
+    out = np.empty(blk.shape[0], np.float64)
+    _row_norms_numba(blk.T, out)
+    try:
+        ref = weakref.ref(blk, lambda r, cache=cache, key=key: _forget_norms(cache, key, r))
+    except TypeError:  # not weak-referenceable: nothing to key a cache on
+        return out
+    with _norms_lock:
+        cache[key] = (ref, out)
+    return out
+
+
+def _forget_norms(cache: dict, key: int, ref: weakref.ref) -> None:
+    with _norms_lock:
+        if key in cache and cache[key][0] is ref:
+            del cache[key]
