@@ -1,19 +1,16 @@
-"""L2-penalised logistic regression over GDataSet blocks (scikit-learn API)."""
+"""The logistic regression estimator: parameters, input, labels and weights, the fit, predictions."""
 
 from __future__ import annotations
 
 import numbers
-import time
 import warnings
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 
-from gdask.devices import array_namespace, asarray_like, to_numpy
-from gdask.gdataset import GDataSet, IterativeAlgorithm, LoopContext, Progress, from_array, run_loop, sum_parts
-from gdask.gdataset import from_dask_array as gdask_from_dask_array
+from gdask.devices import array_namespace, to_numpy
+from gdask.gdataset import GDataSet, Progress, from_array, run_loop, sum_parts
 from gdask.ml import kernels as _k
 from gdask.ml._base import (
     DeviceEstimatorMixin,
@@ -24,218 +21,23 @@ from gdask.ml._base import (
     in_task_scope,
     input_kind,
     module_name,
-    require_finite,
     shared_docs,
 )
+from gdask.ml._logistic._blocks import (
+    checked_decision,
+    decision_block,
+    predict_block,
+    proba_block,
+    probabilities,
+    weight_sum,
+    weighted_bincount,
+)
+from gdask.ml._logistic._loop import GRAM_MAX_FEATURES, Layout, LogisticLoop, SolverState
+from gdask.ml._logistic._targets import aligned, encode
 
 __all__ = ["LogisticRegression"]
 
 _SOLVERS = ("lbfgs", "gd")
-#: gd computes the full weighted Gram matrix below this many features (else only its trace)
-_GRAM_MAX_FEATURES = 4096
-
-
-def _aligned(v: Any, G: GDataSet, what: str) -> GDataSet:
-    """A 1-D GDataSet blocked exactly like ``G`` from a GDataSet, dask array or dask Series ``v``."""
-    if isinstance(v, GDataSet):
-        out = v
-    else:
-        import dask.array as da
-
-        if hasattr(v, "to_dask_array"):  # dask Series / single-column DataFrame
-            v = v.to_dask_array(lengths=True)
-        if not isinstance(v, da.Array):
-            raise TypeError(f"{what} must be an array, a pandas Series, a GDataSet or a dask array, "
-                            f"got {type(v).__name__}")
-        if v.ndim == 2 and v.shape[1] == 1:
-            v = v[:, 0]
-        if v.ndim == 1 and v.shape[0] == G.shape[0] and tuple(v.chunks[0]) != G.row_blocks:
-            v = v.rechunk({0: G.row_blocks})
-        out = gdask_from_dask_array(v) if v.ndim == 1 else None
-        if out is None:
-            raise ValueError(f"{what} must be 1-D, got shape {v.shape}")
-    if out.ndim != 1:
-        raise ValueError(f"{what} must be 1-D, got shape {out.shape}")
-    if out.shape[0] != G.shape[0]:
-        raise ValueError(f"Found input variables with inconsistent numbers of samples: "
-                         f"X has {G.shape[0]}, {what} has {out.shape[0]}")
-    if out.row_blocks != G.row_blocks:
-        raise ValueError(f"{what} as a GDataSet must be blocked like X (row_blocks {G.row_blocks[:4]}...); "
-                         f"got {out.row_blocks[:4]}...; create it with block_rows=X.row_blocks")
-    return out
-
-
-class _Layout:
-    """The parameter vector as scikit-learn lays it out: binary ``[coef..., intercept]``;
-    multinomial ``(K, d + 1)`` raveled in Fortran order."""
-
-    def __init__(self, K: int, d: int, fit_intercept: bool) -> None:
-        self.K, self.d, self.fit_intercept = K, d, fit_intercept
-
-    @property
-    def n_dof(self) -> int:
-        return self.d + int(self.fit_intercept)
-
-    def unpack(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        w = x.reshape(self.K, self.n_dof, order="F") if self.K > 1 else x[None, :]
-        if self.fit_intercept:
-            return w[:, :-1], w[:, -1].copy()
-        return w, np.zeros(self.K)
-
-    def pack(self, coef: np.ndarray, intercept: np.ndarray) -> np.ndarray:
-        w = np.concatenate([coef, intercept[:, None]], axis=1) if self.fit_intercept else coef
-        return w.ravel(order="F") if self.K > 1 else w[0].copy()
-
-
-@dataclass
-class SolverState:
-    """A fit's state between iterations (plain data: also its checkpoint): the parameters and what the
-    solver carries over, the seconds of each pass so far, and how the solver ended."""
-
-    x: np.ndarray  # the parameters, laid out as _Layout packs them
-    passes: list[float] = field(default_factory=list)  # seconds of each pass over the data
-    status: int = 0  # 0: converged; else why the solver stopped (1: max_iter reached)
-    message: str = ""
-    z: np.ndarray | None = None  # gd: the momentum point (None: x)
-    t: float = 1.0  # gd: the momentum's step counter
-
-
-class _LogisticLoop(IterativeAlgorithm):
-    """scikit-learn's objective ``f(w) = sum_i s_i loss_i / S + ||W||^2 / (2 C S)`` minimised on the
-    iteration engine (``s_i`` the row weights, ``S`` their sum; intercepts not penalised): every
-    evaluation of the loss and its gradient is one pass over the blocks, combined in block order.
-    On the workers every worker runs the same solver on the all-gathered objective (L-BFGS is
-    deterministic: all take the same steps). The state is a :class:`SolverState`; a resumed fit
-    restarts the solver from the last finished iteration's parameters."""
-
-    name = "logistic-regression"
-
-    def __init__(self, layout: _Layout, weighted: bool, class_w: np.ndarray | None, sw_sum: float, C: float,
-                 solver: str, max_iter: int, tol: float, gram_max_features: int) -> None:
-        self.layout = layout
-        self.weighted = weighted
-        self.class_w = class_w
-        self.sw_sum = float(sw_sum)
-        self.l2 = 0.0 if np.isinf(C) else 1.0 / (C * self.sw_sum)
-        self.solver = solver
-        self.max_iter = int(max_iter)
-        self.tol = float(tol)
-        self.gram_max_features = gram_max_features
-
-    def _w(self, ctx: LoopContext) -> Any:
-        return ctx.data["W"] if self.weighted else None
-
-    def objective(self, ctx: LoopContext, x: np.ndarray, passes: list) -> tuple[float, np.ndarray]:
-        """The objective and its gradient at ``x``: one pass over the blocks (its seconds appended to
-        ``passes``)."""
-        L = self.layout
-        coef, intercept = L.unpack(x)
-        t0 = time.perf_counter()
-        parts = ctx.map(_k.loss_grad, ctx.data["X"], ctx.data["Y"], np.ascontiguousarray(coef, dtype=np.float64),
-                        np.asarray(intercept, dtype=np.float64), self._w(ctx), self.class_w,
-                        name="logreg-loss-grad")
-        passes.append(time.perf_counter() - t0)
-        loss, gc, gi = _k.loss_grad_combine(parts)
-        f = loss / self.sw_sum + 0.5 * self.l2 * float((coef * coef).sum())
-        gc = gc / self.sw_sum + self.l2 * coef
-        if not np.isfinite(f) or not np.isfinite(gc).all():
-            raise NotFinite("the logistic loss overflowed")
-        gi = gi / self.sw_sum if L.fit_intercept else np.zeros(L.K)
-        return f, L.pack(gc, gi)
-
-    def run(self, state: SolverState, ctx: LoopContext) -> SolverState:
-        if self.solver == "lbfgs":
-            return self._lbfgs(state, ctx)
-        return self._gd(state, ctx)
-
-    def _lbfgs(self, state: SolverState, ctx: LoopContext) -> SolverState:
-        from scipy.optimize import minimize
-
-        last: dict[str, Any] = {}
-        passes = list(state.passes)
-
-        def fun(x):
-            f, g = self.objective(ctx, x, passes)
-            last["f"], last["g"] = f, g
-            return f, g
-
-        def callback(xk):
-            f, g = last["f"], last["g"]
-            ctx.checkpoint(replace(state, x=np.array(xk, copy=True), passes=list(passes)), loss=f,
-                           grad_max=float(np.abs(g).max()),
-                           line=f"iteration {ctx.iteration + 1}: loss {f:.10g}, max |gradient| "
-                                f"{np.abs(g).max():.3g}")
-
-        left = self.max_iter - ctx.iteration
-        if left <= 0:
-            return replace(state, status=1, message="max_iter reached")
-        res = minimize(fun, state.x, method="L-BFGS-B", jac=True, callback=callback,
-                       options={"maxiter": left, "maxls": 50, "gtol": self.tol, "ftol": 64 * np.finfo(float).eps})
-        return replace(state, x=res.x, status=int(res.status), message=str(res.message), passes=passes)
-
-    def _preconditioner(self, ctx: LoopContext, passes: list):
-        """``g -> B^-1 g`` for the Hessian bound ``B`` (one pass over the data)."""
-        L = self.layout
-        t0 = time.perf_counter()
-        curv = 0.25 if L.K == 1 else 0.5  # largest Hessian eigenvalue of the binomial / softmax loss
-        pen = np.ones(L.n_dof)
-        if L.fit_intercept:
-            pen[-1] = 0.0  # the intercept is not penalised
-        small = L.d < self.gram_max_features
-        chunk = _k.gram if small else _k.sq_norms
-        H = sum_parts(ctx.map(chunk, ctx.data["X"], self._w(ctx), self.class_w, ctx.data["Y"],
-                              name="logreg-gram")) / self.sw_sum
-        passes.append(time.perf_counter() - t0)
-        if not np.all(np.isfinite(H)):
-            raise NotFinite("X is too large in magnitude for gradient descent")
-        if not small:  # H = trace of the Gram matrix: a bound on its largest eigenvalue
-            step = 1.0 / max(curv * float(H) + self.l2, 1e-300)
-            return lambda g: step * g
-        if not L.fit_intercept:
-            H = H[:-1, :-1]
-        lam, V = np.linalg.eigh(curv * H + self.l2 * np.diag(pen))
-        lam = np.maximum(lam, max(lam[-1], 1e-300) * 1e-10)  # singular Gram (constant/duplicate columns)
-        Vs = V / lam
-
-        def apply(g: np.ndarray) -> np.ndarray:
-            Gm = g.reshape(L.K, L.n_dof, order="F") if L.K > 1 else g[None, :]
-            out = (Gm @ Vs) @ V.T
-            return out.ravel(order="F") if L.K > 1 else out[0]
-
-        return apply
-
-    def _gd(self, state: SolverState, ctx: LoopContext) -> SolverState:
-        """Full-batch gradient descent, preconditioned by a fixed bound on the Hessian, with Nesterov
-        momentum and gradient-based adaptive restart (O'Donoghue & Candès 2015).
-
-        The Hessian of the mean log-loss is at most ``c [X, 1]^T diag(s) [X, 1] / S`` (``c`` = 1/4
-        binomial, 1/2 multinomial; Böhning 1992), so the step ``x - B^-1 g`` with ``B`` that bound
-        plus the penalty never increases the loss, whatever the scaling of the features. One pass
-        at the start computes the weighted Gram matrix (above ``gram_max_features`` features only
-        its trace, and the step becomes the plain ``g / L``); then each iteration is one pass.
-        """
-        passes = list(state.passes)
-        precond = self._preconditioner(ctx, passes)
-        x = state.x.copy()
-        z = (x if state.z is None else state.z).copy()
-        t = float(state.t)
-        while ctx.iteration < self.max_iter:
-            f, g = self.objective(ctx, z, passes)
-            if np.abs(g).max() <= self.tol:
-                return replace(state, x=z, status=0, message="converged", passes=passes)
-            x_new = z - precond(g)
-            if g @ (x_new - x) > 0:  # momentum points uphill: restart
-                t = 1.0
-                z = x_new
-            else:
-                t_new = 0.5 * (1 + np.sqrt(1 + 4 * t * t))
-                z = x_new + ((t - 1) / t_new) * (x_new - x)
-                t = t_new
-            x = x_new
-            ctx.checkpoint(replace(state, x=x, z=z, t=t, passes=list(passes)), loss=f,
-                           grad_max=float(np.abs(g).max()),
-                           line=f"iteration {ctx.iteration + 1}: loss {f:.10g}, max |gradient| {np.abs(g).max():.3g}")
-        return replace(state, x=x, status=1, message="max_iter reached", passes=passes)
 
 
 @shared_docs
@@ -385,7 +187,7 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
         from sklearn.utils.validation import column_or_1d
 
         if input_kind(y).container == "gdataset" or (input_kind(y).lazy and np.dtype(y.dtype).kind in "biuf"):
-            Yl = _aligned(y, G, "y")
+            Yl = aligned(y, G, "y")
             args = () if W is None else (W,)
             classes, counts, nan = Yl.reduce_blocks(_k.label_counts, _k.label_counts_combine, *args,
                                                     name="logreg-labels").compute()
@@ -399,7 +201,7 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
             raise ValueError("Found input variables with inconsistent numbers of samples: "
                              f"[{G.shape[0]}, {y.shape[0]}]")
         check_classification_targets(y)
-        classes, codes = _encode(y)
+        classes, codes = encode(y)
         Y = from_array(codes.astype(np.int32), block_rows=G.row_blocks)
         if W is not None and w_host is None:  # weights on the devices: count there
             counts = None
@@ -412,7 +214,7 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
         if sample_weight is None:
             return None, None
         if input_kind(sample_weight).lazy:
-            W = _aligned(sample_weight, G, "sample_weight").astype(np.float64)
+            W = aligned(sample_weight, G, "sample_weight").astype(np.float64)
             check_finite(W, "sample_weight")
             return W, None
         from sklearn.utils.validation import _check_sample_weight
@@ -427,7 +229,7 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
             return None
         if cw == "balanced":
             if counts is None:
-                counts = Y.reduce_blocks(_weighted_bincount, sum_parts, len(classes), W,
+                counts = Y.reduce_blocks(weighted_bincount, sum_parts, len(classes), W,
                                          name="logreg-class-counts").compute()
             if (counts <= 0).any():
                 raise ValueError("class_weight='balanced' needs a positive (weighted) count for every class")
@@ -476,13 +278,13 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
         elif W is not None and w_host is not None and class_w is None:
             sw_sum = float(w_host.sum())
         else:
-            sw_sum = float(Y.reduce_blocks(_weight_sum, sum_parts, W, class_w, name="logreg-wsum").compute())
+            sw_sum = float(Y.reduce_blocks(weight_sum, sum_parts, W, class_w, name="logreg-wsum").compute())
         if not sw_sum > 0:
             raise ValueError(f"the sample weights must have a positive sum, got {sw_sum}")
-        layout = _Layout(K, d, self.fit_intercept)
+        layout = Layout(K, d, self.fit_intercept)
         C = np.inf if self.penalty is None else self.C
-        algo = _LogisticLoop(layout, W is not None, class_w, sw_sum, C, self.solver, self.max_iter, self.tol,
-                             _GRAM_MAX_FEATURES)
+        algo = LogisticLoop(layout, W is not None, class_w, sw_sum, C, self.solver, self.max_iter, self.tol,
+                             GRAM_MAX_FEATURES)
         progress = Progress(self.verbose, self.callback, total=self.max_iter, desc="LogisticRegression")
         try:
             res = run_loop(algo, {"X": G, "Y": Y, "W": W}, SolverState(self._initial(layout)), progress=progress)
@@ -502,7 +304,7 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
         self.pass_times_ = list(res.state.passes)
         return self
 
-    def _initial(self, layout: _Layout) -> np.ndarray:
+    def _initial(self, layout: Layout) -> np.ndarray:
         K, d = layout.K, layout.d
         coef, intercept = np.zeros((K, d)), np.zeros(K)
         if self.warm_start and hasattr(self, "coef_"):
@@ -526,7 +328,7 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
         self._check_fitted()
         inp = self._input(X, reset=False)
         if inp.kind.lazy:
-            return self._lazy(inp, _decision_block, None)
+            return self._lazy(inp, decision_block, None)
         scores = self._scores(inp)
         return self._to_output(scores.ravel() if scores.shape[1] == 1 else scores, inp.kind, inp.data)
 
@@ -537,7 +339,7 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
         coef, intercept = to_numpy(self.coef_), to_numpy(self.intercept_)
         K = coef.shape[0]
         score_dtype = np.result_type(G.dtype, coef.dtype)
-        ncols = {_decision_block: None if K == 1 else K, _proba_block: max(K, 2), _predict_block: None}[func]
+        ncols = {decision_block: None if K == 1 else K, proba_block: max(K, 2), predict_block: None}[func]
         return self._blockwise(inp, func, coef, intercept, *extra, dtype=dtype or score_dtype, ncols=ncols,
                                name=f"logreg-{func.__name__.strip('_')}")
 
@@ -554,7 +356,7 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
         coef, intercept = to_numpy(self.coef_), to_numpy(self.intercept_)
         K = coef.shape[0]
         dtype = np.result_type(G.dtype, coef.dtype)
-        return to_numpy(G.map_blocks(_checked_decision, coef, intercept, dtype=dtype, ncols=K,
+        return to_numpy(G.map_blocks(checked_decision, coef, intercept, dtype=dtype, ncols=K,
                                      name="logreg-decision").compute())
 
     @in_task_scope
@@ -565,7 +367,7 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
         self._check_fitted()
         inp = self._input(X, reset=False)
         if inp.kind.lazy and self.classes_.dtype.kind in "biuf":
-            return self._lazy(inp, _predict_block, self.classes_.dtype, self.classes_)
+            return self._lazy(inp, predict_block, self.classes_.dtype, self.classes_)
         scores = self._scores(inp)
         scores = scores.ravel() if scores.shape[1] == 1 else scores
         idx = (scores > 0).astype(int) if scores.ndim == 1 else scores.argmax(axis=1)
@@ -579,9 +381,9 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
         self._check_fitted()
         inp = self._input(X, reset=False)
         if inp.kind.lazy:
-            return self._lazy(inp, _proba_block, None)
+            return self._lazy(inp, proba_block, None)
         scores = self._scores(inp)
-        return self._to_output(_probabilities(scores.ravel() if scores.shape[1] == 1 else scores), inp.kind,
+        return self._to_output(probabilities(scores.ravel() if scores.shape[1] == 1 else scores), inp.kind,
                                inp.data)
 
     def predict_log_proba(self, X: Any) -> Any:
@@ -600,79 +402,8 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
                                     sample_weight=host_array(sample_weight)))
 
 
-def _probabilities(scores: Any) -> Any:
-    """Class probabilities from decision scores ((n,) binary or (n, K)), in the scores' namespace."""
-    xp = array_namespace(scores)
-    if scores.ndim == 1:
-        p1 = _expit(scores, xp)
-        return xp.stack([1 - p1, p1], axis=1)
-    m = xp.max(scores, axis=1, keepdims=True)
-    e = xp.exp(scores - m)
-    return e / xp.sum(e, axis=1, keepdims=True)
-
-
-def _decision_block(X, coef, intercept):
-    z = _checked_decision(X, coef, intercept)
-    return z[:, 0] if z.shape[1] == 1 else z
-
-
-def _proba_block(X, coef, intercept):
-    return _probabilities(_decision_block(X, coef, intercept))
-
-
-def _predict_block(X, coef, intercept, classes):
-    z = _decision_block(X, coef, intercept)
-    xp = array_namespace(z)
-    idx = xp.astype(z > 0, xp.int64) if z.ndim == 1 else xp.argmax(z, axis=1)
-    return xp.take(asarray_like(classes, z), idx)
-
-
-def _checked_decision(X, coef, intercept):
-    """:func:`gdask.ml.kernels.decision` of one block; NaN or infinity in it raises, as for NumPy
-    input (scikit-learn's check)."""
-    require_finite(X)
-    return _k.decision(X, coef, intercept)
-
-
-def _encode(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique(y, return_inverse=True)``; integer labels of a small range by counting (no sort)."""
-    if y.dtype.kind in "iu" and y.size:
-        lo, hi = int(y.min()), int(y.max())
-        if hi - lo < max(1 << 16, y.size):
-            off = y.astype(np.int64) - lo
-            present = np.bincount(off, minlength=hi - lo + 1) > 0
-            classes = (np.flatnonzero(present) + lo).astype(y.dtype)
-            return classes, (np.cumsum(present) - 1)[off]
-    classes, codes = np.unique(y, return_inverse=True)
-    return classes, codes.ravel()
-
-
-def _expit(z: Any, xp) -> Any:
-    e = xp.exp(-xp.abs(z))
-    q = 1 / (1 + e)
-    return xp.where(z >= 0, q, e * q)
-
-
 def _convergence_warning(msg: str) -> None:
     from sklearn.exceptions import ConvergenceWarning
 
     warnings.warn(msg + "\nIncrease the number of iterations (max_iter) or scale the data "
                   "(e.g. sklearn.preprocessing.StandardScaler).", ConvergenceWarning, stacklevel=4)
-
-
-def _weighted_bincount(y, k, w=None):
-    """Weighted count of each class code ``0..k-1`` in a block, on the host."""
-    if isinstance(y, np.ndarray):
-        return np.bincount(y, weights=w, minlength=k).astype(np.float64)
-    import array_api_extra as xpx
-
-    xp = array_namespace(y)
-    oh = xpx.one_hot(xp.astype(y, xp.int64), k, dtype=xp.float64, xp=xp)
-    return to_numpy(xp.sum(oh if w is None else oh * xp.astype(w, xp.float64)[:, None], axis=0))
-
-
-def _weight_sum(y, w=None, class_w=None):
-    s = _k.row_weights(y, w, class_w)
-    if s is None:
-        return float(y.shape[0])
-    return float(s.sum() if isinstance(s, np.ndarray) else array_namespace(s).sum(s))
