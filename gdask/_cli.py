@@ -29,8 +29,7 @@ def _demo(args: argparse.Namespace) -> int:
     from distributed import Client
 
     import gdask
-    from gdask._warm import wait_for_warm_kernels
-    from gdask.ml import KMeans
+    from gdask.ml import KMeans, wait_for_warm_kernels
 
     rng = np.random.default_rng(0)
     n, d, k = args.rows, args.features, args.clusters

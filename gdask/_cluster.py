@@ -18,7 +18,7 @@ from distributed import LocalCluster
 from distributed.core import Status
 from distributed.deploy.cluster import Cluster
 
-from gdask import GDaskWarning, WorkerStartError, config
+from gdask import GDaskWarning, WorkerStartError, config, protocol
 from gdask.devices import DeviceSpec, make_specs, parse_size, worker_environment
 
 __all__ = ["LocalGPUCluster", "WorkerStartError", "worker_memory_limit"]
@@ -142,7 +142,9 @@ class LocalGPUCluster(LocalCluster):
     worker), so NCCL and CUDA IPC reach the peers. Without GPUs, each worker owns an emulated device
     (a NumPy memory pool with a byte budget, optional speed and bandwidth), so the same code runs on
     a laptop. Each worker's host memory limit is this machine's memory over the devices (as
-    ``dask cuda worker``), unless ``memory_limit`` is given.
+    ``dask cuda worker``), unless ``memory_limit`` is given. Every worker gets the plugins of config
+    ``gdask.plugins.worker`` (its device, the job monitor, gdask.ml's kernel warm-up), the scheduler
+    those of ``gdask.plugins.scheduler`` (placement, device shares).
 
     Parameters
     ----------
@@ -170,8 +172,9 @@ class LocalGPUCluster(LocalCluster):
     rmm_pool_size : int, float or str, optional
         RMM pool per CUDA worker; default config ``gdask.cuda.rmm-pool-size`` (0.8 of the device).
     placement : bool, optional
-        Install gdask's GPU placement scheduler plugin (:class:`gdask.scheduling.GPUPlacement`);
-        default config ``gdask.scheduling.placement`` (True). False leaves placement to stock Dask.
+        Install the scheduler plugins of config ``gdask.plugins.scheduler`` (gdask's GPU placement,
+        :class:`gdask.scheduling.GPUPlacement`, and device shares); default config
+        ``gdask.scheduling.placement`` (True). False leaves placement to stock Dask.
     data : optional
         The workers' data store; default a :class:`gdask.window_cache.WindowStore` (config
         ``gdask.window-cache.enabled``), which keeps blocks beyond device memory on the host.
@@ -235,15 +238,13 @@ class LocalGPUCluster(LocalCluster):
         self.backend = self.device_specs[0].backend
         _check_host_memory(self.device_specs)
         self._spec_by_name = {i: s for i, s in enumerate(self.device_specs)}
-        from gdask.scheduling import scheduler_plugins, worker_plugins
+        # the plugins config lists (gdask.plugins.worker / .scheduler): the device and job monitor,
+        # gdask.ml's kernel warm-up, placement and device shares
+        from gdask._plugins import device_plugin, scheduler_plugins, worker_plugins
 
         self._worker_plugins = worker_plugins(self._spec_by_name, rmm_pool_size=rmm_pool_size,
                                               max_streams=max_streams, adaptive_streams=adaptive_streams)
-        streams = self._worker_plugins[0].worker_threads()  # distributed runs at most nthreads tasks at once
-        if config.get("ml.warm-kernels", True):  # compile gdask.ml's kernels while the workers start
-            from gdask._warm import WarmKernels
-
-            self._worker_plugins.append(WarmKernels())
+        streams = device_plugin(self._worker_plugins).worker_threads()  # distributed runs at most nthreads tasks
         if "data" not in kwargs and config.get("window-cache.enabled", True):
             from gdask.window_cache import WindowStore
 
@@ -254,9 +255,11 @@ class LocalGPUCluster(LocalCluster):
         self.placement: Any = None
         self.jobs: Any = None  # gdask.job shares
         if placement:
-            self.placement, self.jobs = scheduler_plugins()
+            plugins = scheduler_plugins()
+            named = {getattr(p, "name", None): p for p in plugins}
+            self.placement, self.jobs = named.get(protocol.PLUGIN_PLACEMENT), named.get(protocol.PLUGIN_JOBS)
             skw = dict(kwargs.pop("scheduler_kwargs", None) or {})
-            skw["plugins"] = [*(skw.get("plugins") or ()), self.placement, self.jobs]
+            skw["plugins"] = [*(skw.get("plugins") or ()), *plugins]
             kwargs["scheduler_kwargs"] = skw
         kwargs["memory_limit"] = worker_memory_limit(kwargs.get("memory_limit", "auto"), len(self.device_specs))
         super().__init__(n_workers=0, threads_per_worker=streams, processes=True, **kwargs)

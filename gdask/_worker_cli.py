@@ -5,8 +5,9 @@ that each worker's own GPU comes first, ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, an RMM
 instance alone, by its UUID), with this node's memory over the workers as each one's host memory
 limit (as ``dask cuda worker``), or
 ``--n-devices`` emulated devices. Each worker gets the same plugins a ``LocalGPUCluster`` worker gets
-(:func:`gdask.scheduling.worker_plugins`: its device, streams, state and metrics; the job monitor)
-and gdask's window store as its data, and logs one line naming its device, memory, pool and streams.
+(those of config ``gdask.plugins.worker``: its device, streams, state and metrics; the job monitor;
+gdask.ml's kernel warm-up) and gdask's window store as its data, and logs one line naming its device,
+memory, pool and streams.
 """
 
 from __future__ import annotations
@@ -99,8 +100,8 @@ def worker_kwargs(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Keyword arguments of one ``Nanny`` (or ``Worker``) per device of this node."""
     from gdask import config
     from gdask._cluster import worker_memory_limit
+    from gdask._plugins import device_plugin, worker_plugins
     from gdask.devices import make_specs, worker_environment
-    from gdask.scheduling import worker_plugins
 
     speeds = None if args.device_speeds is None else [float(s) for s in args.device_speeds.split(",")]
     device_memory = args.device_memory_limit if args.backend == "cuda" else args.device_memory
@@ -115,8 +116,9 @@ def worker_kwargs(args: argparse.Namespace) -> list[dict[str, Any]]:
     out = []
     for i, spec in enumerate(specs):
         name = f"{prefix}-{i}"
+        # config gdask.plugins.worker: the device and job monitor, gdask.ml's kernel warm-up, ...
         plugins = worker_plugins({name: spec}, rmm_pool_size=args.rmm_pool_size, max_streams=args.max_streams)
-        nthreads = max(args.nthreads or 0, plugins[0].worker_threads())
+        nthreads = max(args.nthreads or 0, device_plugin(plugins).worker_threads())
         env = worker_environment(specs, i)  # the node's GPUs, this worker's own first
         from gdask.window_cache import WindowStore
 

@@ -28,8 +28,8 @@ __all__ = ["InProcessGPUCluster", "gen_gpu_cluster", "gpu_cluster"]
 def _worker_specs(n_devices: int, device_memory: Any, device_speeds: list[float] | None, bandwidth: Any,
                   streams: int | None, backend: str, window_store: bool, worker_kwargs: dict) -> list[dict]:
     """Options of each in-process device worker: its own plugin instances (device, state, store)."""
+    from gdask._plugins import device_plugin, worker_plugins
     from gdask.devices import make_specs
-    from gdask.scheduling import worker_plugins
     from gdask.window_cache import WindowStore
 
     specs = make_specs(n_devices, backend=backend, device_memory=device_memory, device_speeds=device_speeds,
@@ -38,8 +38,8 @@ def _worker_specs(n_devices: int, device_memory: Any, device_speeds: list[float]
         raise ValueError("in-process device workers need an emulated backend: CUDA devices need a process each")
     out = []
     for i, spec in enumerate(specs):
-        plugins = worker_plugins({i: spec})
-        kw = dict(name=i, nthreads=plugins[0].worker_threads(), plugins=set(plugins), resources={"GPU": 1},
+        plugins = worker_plugins({i: spec})  # config gdask.plugins.worker, for this worker alone
+        kw = dict(name=i, nthreads=device_plugin(plugins).worker_threads(), plugins=set(plugins), resources={"GPU": 1},
                   dashboard=False, **worker_kwargs)
         if window_store:
             kw.setdefault("data", WindowStore)
@@ -60,7 +60,7 @@ def InProcessGPUCluster(n_devices: int = 2, *, device_memory: Any = "64MiB", dev
     """
     from distributed import Scheduler, SpecCluster, Worker
 
-    from gdask.scheduling import scheduler_plugins
+    from gdask._plugins import scheduler_plugins
 
     workers = {kw["name"]: {"cls": Worker, "options": kw}
                for kw in _worker_specs(n_devices, device_memory, device_speeds, bandwidth, streams, backend,
@@ -84,7 +84,7 @@ async def gpu_cluster(n_devices: int = 2, *, device_memory: Any = "64MiB", devic
     device_memory, device_speeds, bandwidth, streams, backend
         As for :class:`gdask.LocalGPUCluster` (emulated backends only: CUDA devices need a process each).
     placement : bool
-        Install gdask's scheduler plugins (placement, jobs).
+        Install the scheduler plugins of config ``gdask.plugins.scheduler`` (placement, jobs).
     window_store : bool
         Give each worker a :class:`gdask.window_cache.WindowStore` as its data.
     **worker_kwargs
@@ -92,7 +92,7 @@ async def gpu_cluster(n_devices: int = 2, *, device_memory: Any = "64MiB", devic
     """
     from distributed import Scheduler, Worker
 
-    from gdask.scheduling import scheduler_plugins
+    from gdask._plugins import scheduler_plugins
 
     options = _worker_specs(n_devices, device_memory, device_speeds, bandwidth, streams, backend, window_store,
                             worker_kwargs)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["KMeans", "LSTMClassifier", "LSTMRegressor", "LogisticRegression", "pagerank", "powerlaw_graph"]
+__all__ = ["KMeans", "LSTMClassifier", "LSTMRegressor", "LogisticRegression", "WarmKernels", "pagerank",
+           "powerlaw_graph", "wait_for_warm_kernels", "warm_kernels", "warm_kernels_plugin"]
 
 _WHERE = {
     "KMeans": "gdask.ml._kmeans",
@@ -18,6 +19,11 @@ _WHERE = {
     "LSTMRegressor": "gdask.ml._lstm",
     "pagerank": "gdask.ml._pagerank",
     "powerlaw_graph": "gdask.ml._graphs",
+    # the kernel warm-up of device workers (config gdask.plugins.worker: gdask.ml:warm_kernels_plugin)
+    "WarmKernels": "gdask.ml._warm",
+    "wait_for_warm_kernels": "gdask.ml._warm",
+    "warm_kernels": "gdask.ml._warm",
+    "warm_kernels_plugin": "gdask.ml._warm",
 }
 
 

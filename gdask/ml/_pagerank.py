@@ -32,7 +32,7 @@ from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task, TaskRef
 from numba import njit
 
-from gdask.gdataset import DeviceShare, device_share
+from gdask.ml._base import job_share, shared_docs
 
 __all__ = ["pagerank", "BlockedGraph", "blocked_graph", "sweep_order"]
 
@@ -263,6 +263,7 @@ def _make_gs_step(damping: float, sweeps: int, descending: bool):
     return step
 
 
+@shared_docs
 def pagerank(A: Any, *, damping: float = 0.85, tol: float = 1e-6, max_iter: int = 200, nblocks: int | None = None,
              method: str = "gauss-seidel", inner_sweeps: int = 2, client: Any = None, return_info: bool = False,
              gpu: float | None = None, memory: Any = None, job_name: str | None = None, verbose: int = 0,
@@ -304,9 +305,7 @@ def pagerank(A: Any, *, damping: float = 0.85, tol: float = 1e-6, max_iter: int 
     inner_sweeps : int, default 2
         Gauss-Seidel sweeps over the diagonal block's own edges per block task (``"gauss-seidel"``).
     client : distributed.Client, optional
-    gpu, memory, job_name : optional
-        Run inside ``gdask.job(client, gpu=gpu, memory=memory, name=job_name)`` (a share of a
-        device, see :func:`gdask.job`); default: no share is asked for.
+    {job_parameters}
     verbose : int, default 0
         1: a progress bar and a summary line; 2: one line per iteration (:class:`gdask.gdataset.Progress`).
     callback : callable, optional
@@ -334,7 +333,7 @@ def pagerank(A: Any, *, damping: float = 0.85, tol: float = 1e-6, max_iter: int 
     >>> A = gdask.ml.powerlaw_graph(10_000, seed=0)          # doctest: +SKIP
     >>> r = gdask.ml.pagerank(A, tol=1e-8)                     # doctest: +SKIP
     """
-    with device_share(DeviceShare(gpu, memory, job_name, "pagerank")):
+    with job_share(gpu, memory, job_name, "pagerank"):
         return _pagerank(A, damping=damping, tol=tol, max_iter=max_iter, nblocks=nblocks, method=method,
                          inner_sweeps=inner_sweeps, client=client, return_info=return_info, verbose=verbose,
                          callback=callback)

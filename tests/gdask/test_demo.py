@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from gdask._warm import WarmKernels, wait_for_warm_kernels, warm_kernels
+from gdask.ml import WarmKernels, wait_for_warm_kernels, warm_kernels
 
 
 def test_warm_kernels_runs_here_without_a_cluster():

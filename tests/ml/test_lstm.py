@@ -66,9 +66,9 @@ def test_import_gdask_ml_does_not_import_torch():
 
 
 def test_without_torch_the_error_names_the_extra(monkeypatch):
-    from gdask.ml import _lstm
+    from gdask.ml._lstm import _estimator
 
-    monkeypatch.setattr(_lstm, "module_available", lambda name: name != "torch")
+    monkeypatch.setattr(_estimator, "module_available", lambda name: name != "torch")
     with pytest.raises(ImportError, match=r"gdask\[torch\]"):
         LSTMRegressor(epochs=1).fit(np.zeros((4, 3, 1)), np.zeros(4))
 
@@ -156,7 +156,7 @@ def test_wrong_input_shapes():
 
 def test_blocks_reach_torch_without_a_copy():
     from gdask.gdataset._seq import time_major
-    from gdask.ml._lstm_torch import as_tensor
+    from gdask.ml._lstm._torch import as_tensor
 
     X = gdask.from_array(np.random.default_rng(0).random((10, 4, 3)).astype(np.float32), block_rows=5)
     block = X.block(1).compute()
@@ -166,8 +166,8 @@ def test_blocks_reach_torch_without_a_copy():
 
 
 def test_epoch_plans_cover_every_training_row_once():
-    from gdask.ml._lstm_parallel import GlobalPlan, StreamPlan
-    from gdask.ml._lstm_torch import LSTMTrainer, ModelSpec
+    from gdask.ml._lstm._parallel import GlobalPlan, StreamPlan
+    from gdask.ml._lstm._torch import LSTMTrainer, ModelSpec
 
     row_blocks = (7, 5, 9, 4)
     offsets = np.cumsum((0,) + row_blocks)
@@ -213,7 +213,7 @@ def test_sklearn_compatible_estimator(estimator, check):
 
 
 def test_training_malloc_only_where_the_nanny_fixed_the_trim_threshold(monkeypatch):
-    from gdask.ml._lstm_parallel import training_malloc
+    from gdask.ml._lstm._parallel import training_malloc
 
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
     with training_malloc() as got:

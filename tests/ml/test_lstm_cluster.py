@@ -98,7 +98,7 @@ def _die_at_step(n):
     """On this worker, exit the process at the ``n``-th training step of an LSTM fit."""
     import os
 
-    from gdask.ml import _lstm_torch
+    from gdask.ml._lstm import _torch as _lstm_torch
 
     calls = [0]
     orig = _lstm_torch.LSTMTrainer._step

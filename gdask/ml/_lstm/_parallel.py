@@ -1,6 +1,6 @@
 """The parallel side of gdask's LSTM training: the fit's ``torch.distributed`` process group across
 its workers, malloc settings while a worker trains, and each epoch's plan of which rows a worker
-computes in each step (see :mod:`gdask.ml._lstm_torch` for the epoch order)."""
+computes in each step (see :mod:`gdask.ml._lstm._torch` for the epoch order)."""
 
 from __future__ import annotations
 

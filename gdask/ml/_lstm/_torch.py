@@ -27,7 +27,7 @@ import contextlib
 import math
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -36,10 +36,10 @@ from torch import nn
 
 from gdask.devices import asarray_like, current_device, to_numpy
 from gdask.gdataset import IterativeAlgorithm, LoopContext, time_major
-from gdask.ml._lstm_parallel import GlobalPlan, ProcessGroup, StreamPlan, training_malloc
+from gdask.ml._lstm._parallel import GlobalPlan, ProcessGroup, StreamPlan, training_malloc
 
-__all__ = ["ModelSpec", "SequenceModel", "LSTMTrainer", "initial_state", "predict_block", "predict_host",
-           "as_tensor", "VALIDATION_STREAM"]
+__all__ = ["ModelSpec", "SequenceModel", "LSTMTrainer", "TrainState", "initial_state", "predict_block",
+           "predict_host", "as_tensor", "VALIDATION_STREAM"]
 
 #: the second seed word of the validation split (epochs use 0, 1, 2, ...)
 VALIDATION_STREAM = 1 << 30
@@ -134,6 +134,20 @@ def torch_device(dev: Any) -> torch.device:
 
 # -- the trainer ----------------------------------------------------------------------------------------
 @dataclass
+class TrainState:
+    """A fit's state between epochs (small host data: also its checkpoint): model and optimizer
+    state dicts as NumPy arrays, the stopping rule's counters."""
+
+    model: dict  # the parameters (state dict)
+    epoch: int = 0  # epochs trained
+    optim: dict | None = None  # the optimizer's state dict (None: a fresh optimizer)
+    best: float | None = None  # the best training loss (or validation score) so far
+    best_model: dict | None = None  # the parameters of the best validation score (early stopping)
+    no_improve: int = 0  # epochs without improvement by tol
+    stopped: bool = False  # the stopping rule ended the fit
+
+
+@dataclass
 class _Block:
     """One block's tensors on the torch device: ``x`` time-major ``(T, rows, f)``, ``y`` targets."""
 
@@ -145,9 +159,8 @@ class _Block:
 class LSTMTrainer(IterativeAlgorithm):
     """Data-parallel mini-batch training on the iteration engine (loop on the workers only).
 
-    The state (small host data) is ``{"epoch", "model", "optim", "best", "best_model",
-    "no_improve", "stopped"}``: model and optimizer state dicts as NumPy arrays, the early-stopping
-    counters. ``ctx.checkpoint`` after every epoch: the fit shows per-epoch progress and resumes from
+    The state is a :class:`TrainState`: model and optimizer state dicts as NumPy arrays, the
+    early-stopping counters. ``ctx.checkpoint`` after every epoch: the fit shows per-epoch progress and resumes from
     the last finished epoch.
     """
 
@@ -208,7 +221,7 @@ class LSTMTrainer(IterativeAlgorithm):
         return ((out - y) ** 2).mean(dim=1).sum()
 
     # -- the driver ----------------------------------------------------------------------------------------
-    def run(self, state: dict, ctx: LoopContext) -> dict:
+    def run(self, state: TrainState, ctx: LoopContext) -> TrainState:
         dev = current_device()
         tdev = torch_device(dev)
         group = ProcessGroup(ctx, tdev)
@@ -218,19 +231,20 @@ class LSTMTrainer(IterativeAlgorithm):
         finally:
             group.close()
 
-    def _train(self, state: dict, ctx: LoopContext, dev: Any, tdev: torch.device, group: ProcessGroup) -> dict:
+    def _train(self, state: TrainState, ctx: LoopContext, dev: Any, tdev: torch.device,
+               group: ProcessGroup) -> TrainState:
         """The epochs, from ``state`` to the end (or the stopping rule)."""
         offsets = np.cumsum((0,) + self.row_blocks)
         local = ctx.local()
-        model = build(self.spec, state["model"], tdev)
+        model = build(self.spec, state.model, tdev)
         opt = self.make_optimizer(model)
-        if state.get("optim") is not None:
-            opt.load_state_dict(_torch_tree(state["optim"]))
+        if state.optim is not None:
+            opt.load_state_dict(_torch_tree(state.optim))
         params = [p for p in model.parameters()]
         train, val = self.split()
         cache: dict[int, _Block] = {}
-        while state["epoch"] < self.epochs and not state["stopped"]:
-            epoch = state["epoch"]
+        while state.epoch < self.epochs and not state.stopped:
+            epoch = state.epoch
             h2d0 = int(getattr(dev, "bytes_h2d", 0))
             busy = [0.0]
             if ctx.streaming:
@@ -255,7 +269,7 @@ class LSTMTrainer(IterativeAlgorithm):
             ctx.observe("lstm-epoch", sum(self.row_blocks[b] for b, _ in local) * self.row_bytes, busy[0])
             state = self._next_state(state, model, opt, record["loss"], score)
             ctx.checkpoint(state, **record, seconds_compute=busy[0],
-                           line=_line(state["epoch"], record, self.task))
+                           line=_line(state.epoch, record, self.task))
         return state
 
     def _step(self, model, opt, params, parts, inv, local, cache, plan, group, dev, tdev, busy) -> float:
@@ -331,7 +345,7 @@ class LSTMTrainer(IterativeAlgorithm):
         t = torch.tensor(stats, dtype=torch.float64, device=tdev)
         group.allreduce(t)
         stats = t.cpu().numpy()
-        record = {"epoch": state["epoch"] + 1, "loss": float(loss), "h2d_bytes": int(stats[0])}
+        record = {"epoch": state.epoch + 1, "loss": float(loss), "h2d_bytes": int(stats[0])}
         score = None
         if val.size:
             score = _score(self.task, stats[1:], self.spec.n_outputs)
@@ -368,11 +382,11 @@ class LSTMTrainer(IterativeAlgorithm):
         model.train()
         return sums.tolist()
 
-    def _next_state(self, state: dict, model, opt, loss: float, score: float | None) -> dict:
+    def _next_state(self, state: TrainState, model, opt, loss: float, score: float | None) -> TrainState:
         """The state after an epoch, with scikit-learn MLP's stopping rule: stop once the training loss
         (or, with early stopping, the validation score) did not improve by ``tol`` for more than
         ``n_iter_no_change`` epochs."""
-        best, no_improve, best_model = state["best"], state["no_improve"], state.get("best_model")
+        best, no_improve, best_model = state.best, state.no_improve, state.best_model
         params = _host_tree(model.state_dict())
         if self.early_stopping and score is not None:
             no_improve = no_improve + 1 if best is not None and score < best + self.tol else 0
@@ -382,9 +396,8 @@ class LSTMTrainer(IterativeAlgorithm):
             no_improve = no_improve + 1 if best is not None and loss > best - self.tol else 0
             if best is None or loss < best:
                 best = loss
-        return {**state, "epoch": state["epoch"] + 1, "model": params, "optim": _host_tree(opt.state_dict()),
-                "best": best, "best_model": best_model, "no_improve": no_improve,
-                "stopped": no_improve > self.n_iter_no_change}
+        return replace(state, epoch=state.epoch + 1, model=params, optim=_host_tree(opt.state_dict()), best=best,
+                       best_model=best_model, no_improve=no_improve, stopped=no_improve > self.n_iter_no_change)
 
 
 def _nbytes(x: Any) -> int:

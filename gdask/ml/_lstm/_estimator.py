@@ -3,7 +3,7 @@ data-parallel on the devices with PyTorch (``pip install 'gdask[torch]'``).
 
 The sequences ``(n, T, f)`` live in device memory as a 3-D GDataSet (time-major blocks, the layout
 cuDNN's LSTM reads) for the whole fit; each device worker trains a replica of the model on the rows it
-holds and the gradients are all-reduced every step (:mod:`gdask.ml._lstm_torch`). After the first
+holds and the gradients are all-reduced every step (:mod:`gdask.ml._lstm._torch`). After the first
 epoch nothing is copied from the host when the data fits on the devices; data larger than the
 devices streams through the window cache. This module does not import torch: the estimators do, when
 they fit or predict.
@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 
-from gdask.devices import array_module, module_available, to_numpy
+from gdask.devices import array_namespace, module_available, to_numpy
 from gdask.gdataset import GDataSet, Progress, default_block_rows, from_array, run_loop
-from gdask.gdataset import from_dask_array as gdask_from_dask_array
-from gdask.ml._input import estimator_job
-from gdask.ml._input import is_host_input as _is_host_input
-from gdask.ml._input import module_name as _module
+from gdask.ml._base import DeviceEstimatorMixin, Input, host_array, shared_docs
 
 __all__ = ["LSTMClassifier", "LSTMRegressor"]
 
@@ -33,17 +31,13 @@ _BLOCKS_PER_DEVICE = 4
 
 
 def _require_torch() -> Any:
-    """The ``gdask.ml._lstm_torch`` module; ImportError naming the extra when torch is missing."""
+    """The ``gdask.ml._lstm._torch`` module; ImportError naming the extra when torch is missing."""
     if not module_available("torch"):
         raise ImportError("gdask's LSTM estimators need PyTorch, which is not installed: "
                           "pip install 'gdask[torch]'")
-    from gdask.ml import _lstm_torch
+    from gdask.ml._lstm import _torch
 
-    return _lstm_torch
-
-
-def _is_dask(x: Any) -> bool:
-    return hasattr(x, "__dask_graph__") and not isinstance(x, GDataSet)
+    return _torch
 
 
 def _add_feature_axis(b: Any) -> Any:
@@ -60,23 +54,19 @@ def _n_devices() -> int:
         return 1
 
 
-def _host_targets(y: Any) -> np.ndarray:
-    if isinstance(y, GDataSet) or _is_dask(y):
-        y = y.compute()
-    return to_numpy(y) if _module(y) == "cupy" else y
-
-
-class _LSTMBase(BaseEstimator):
+class _LSTMBase(DeviceEstimatorMixin, BaseEstimator):
     """What the regressor and the classifier share: parameters, input handling, the fit."""
 
     _task = "regression"
+    _ints_to = np.float32  # non-float sequences are trained in float32
 
     def __init__(self, hidden_size: int = 32, *, num_layers: int = 1, dropout: float = 0.0,
                  bidirectional: bool = False, epochs: int = 20, batch_size: int = 128, lr: float = 1e-3,
                  optimizer: str = "adam", weight_decay: float = 0.0, random_state: Any = None, verbose: int = 0,
                  validation_fraction: float = 0.1, early_stopping: bool = False, n_iter_no_change: int = 10,
                  tol: float = 1e-4, block_rows: int | None = None, callback: Any = None,
-                 gpu: float | None = None, memory: Any = None, job_name: str | None = None) -> None:
+                 gpu: float | None = None, memory: Any = None, job_name: str | None = None,
+                 output_type: str | None = None) -> None:
         self.hidden_size = hidden_size
         self.num_layers = num_layers
         self.dropout = dropout
@@ -97,6 +87,7 @@ class _LSTMBase(BaseEstimator):
         self.gpu = gpu
         self.memory = memory
         self.job_name = job_name
+        self.output_type = output_type
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -137,26 +128,13 @@ class _LSTMBase(BaseEstimator):
         if self.callback is not None and not callable(self.callback):
             raise ValueError(f"callback must be callable or None, got {type(self.callback).__name__}")
 
-    def _sequences(self, X: Any, reset: bool) -> tuple[Any, str]:
-        """(sequences, kind): a host ``(n, T, f)`` array (kind "numpy"), a CuPy one ("cupy"), or a
-        GDataSet ("gdataset"); a 2-D X is ``n`` univariate sequences ``(n, T, 1)``."""
-        if _is_host_input(X):
-            from sklearn.utils.validation import validate_data
-
-            x = validate_data(self, X, reset=reset, allow_nd=True, dtype=[np.float32, np.float64],
-                              accept_sparse=False)
-            kind = "numpy"
-        elif _module(X) == "cupy":
-            x, kind = X if X.dtype.kind == "f" and X.dtype.itemsize >= 4 else X.astype(np.float32), "cupy"
-        elif isinstance(X, GDataSet) or _is_dask(X):
-            x = X if isinstance(X, GDataSet) else gdask_from_dask_array(X)
-            if x.dtype.kind != "f" or x.dtype.itemsize < 4:
-                x = x.astype(np.float32)
-            kind = "gdataset"
-        else:
-            raise TypeError(f"X must be an array (NumPy, CuPy, dask) or a GDataSet, got {type(X).__name__}")
+    def _sequences(self, X: Any, reset: bool) -> tuple[Any, Input]:
+        """(sequences, the adapted input): a host ``(n, T, f)`` array, a device (CuPy) one, or a
+        GDataSet (lazy input, cuDF); a 2-D X is ``n`` univariate sequences ``(n, T, 1)``."""
+        inp = self._input(X, reset=reset, ndim=None, dtype=(np.float32, np.float64), allow_nd=True, features=False)
+        x = inp.data
         if x.ndim == 2:
-            x = x.map_blocks(_add_feature_axis, name="add-feature-axis") if kind == "gdataset" else x[:, :, None]
+            x = x.map_blocks(_add_feature_axis, name="add-feature-axis") if isinstance(x, GDataSet) else x[:, :, None]
         if x.ndim != 3:
             raise ValueError(f"X must be sequences of shape (n_samples, n_timesteps, n_features) or "
                              f"(n_samples, n_timesteps); got shape {x.shape}")
@@ -164,15 +142,15 @@ class _LSTMBase(BaseEstimator):
             raise ValueError(f"X has shape {x.shape}: it needs at least one sample, time step and feature")
         if reset:
             self.input_shape_ = tuple(int(s) for s in x.shape[1:])
-            if kind != "numpy":
+            if not inp.kind.host:
                 self.n_features_in_ = int(x.shape[1])
         elif tuple(x.shape[1:]) != self.input_shape_:
             raise ValueError(f"X has sequences of shape {tuple(x.shape[1:])}, but {type(self).__name__} was "
                              f"fitted on sequences of shape {self.input_shape_} (time steps, features)")
-        return x, kind
+        return x, inp
 
-    def _blocked(self, x: Any, kind: str) -> GDataSet:
-        if kind == "gdataset":
+    def _blocked(self, x: Any) -> GDataSet:
+        if isinstance(x, GDataSet):
             return x
         n, T, f = x.shape
         rows = self.block_rows
@@ -209,14 +187,14 @@ class _LSTMBase(BaseEstimator):
         self
         """
         self._check_params()
-        with estimator_job(self):
+        with self._job():
             return self._fit(X, y, partial=False)
 
     def partial_fit(self, X: Any, y: Any, **kwargs: Any) -> _LSTMBase:
         """One more epoch over ``X``, ``y`` from the current model and optimizer state (the first call
         starts from the initial model)."""
         self._check_params()
-        with estimator_job(self):
+        with self._job():
             return self._fit(X, y, partial=True, **kwargs)
 
     def _fit(self, X: Any, y: Any, *, partial: bool, classes: Any = None) -> _LSTMBase:
@@ -224,10 +202,10 @@ class _LSTMBase(BaseEstimator):
         if y is None:
             raise ValueError(f"{type(self).__name__} requires y to be passed, but the target y is None")
         first = not (partial and hasattr(self, "_state"))
-        x, kind = self._sequences(X, reset=first)
-        G = self._blocked(x, kind)
+        x, _ = self._sequences(X, reset=first)
+        G = self._blocked(x)
         n = G.shape[0]
-        yh = _host_targets(y)
+        yh = host_array(y)
         codes, n_outputs = self._targets(yh, n, first, classes)
         Y = from_array(codes if codes.dtype.kind in "iu" else codes.astype(G.dtype, copy=False),
                        block_rows=G.row_blocks)
@@ -236,19 +214,18 @@ class _LSTMBase(BaseEstimator):
                             bidirectional=bool(self.bidirectional), n_outputs=n_outputs, dtype=str(G.dtype))
         seed = self._seed(reset=first)
         if first:
-            state = {"epoch": 0, "model": lt.initial_state(spec, seed), "optim": None, "best": None,
-                     "best_model": None, "no_improve": 0, "stopped": False}
+            state = lt.TrainState(lt.initial_state(spec, seed))
             self.loss_curve_, self.history_, self.h2d_bytes_, self.epoch_times_ = [], [], [], []
             self.validation_scores_ = [] if self.early_stopping else None
             self.restarts_ = 0
         else:
             if self._spec != spec:
                 raise ValueError(f"partial_fit got data that does not fit the model: {spec} vs {self._spec}")
-            state = {**self._state, "stopped": False}
+            state = replace(self._state, stopped=False)
         n_val = math.ceil(self.validation_fraction * n) if self.early_stopping and not partial else 0
         if n_val and n - n_val < 1:
             raise ValueError(f"validation_fraction={self.validation_fraction} leaves no training rows of {n}")
-        epochs = state["epoch"] + 1 if partial else int(self.epochs)
+        epochs = state.epoch + 1 if partial else int(self.epochs)
         trainer = lt.LSTMTrainer(spec, self._task, G.row_blocks, epochs=epochs, batch_size=int(self.batch_size),
                                  lr=float(self.lr), optimizer=self.optimizer, weight_decay=float(self.weight_decay),
                                  seed=seed, n_validation=n_val, early_stopping=bool(self.early_stopping),
@@ -268,39 +245,42 @@ class _LSTMBase(BaseEstimator):
         self.history_.extend(res.history)
         self.restarts_ += res.restarts
         self.fit_mode_ = res.mode
-        self.n_iter_ = int(res.state["epoch"])
+        self.n_iter_ = int(res.state.epoch)
         if self.early_stopping and not partial:
-            self.best_validation_score_ = res.state["best"]
+            self.best_validation_score_ = res.state.best
             self.best_loss_ = None
         else:
-            self.best_loss_ = res.state["best"]
-        params = res.state["best_model"] if (self.early_stopping and not partial
-                                             and res.state.get("best_model") is not None) else res.state["model"]
+            self.best_loss_ = res.state.best
+        params = res.state.best_model if (self.early_stopping and not partial
+                                          and res.state.best_model is not None) else res.state.model
         self._params = params
         return self
 
     # -- predict ------------------------------------------------------------------------------------------
-    def _outputs(self, X: Any) -> Any:
-        """Model outputs, shape (n_samples, n_outputs): NumPy, or CuPy for CuPy input."""
+    def _outputs(self, X: Any) -> tuple[Any, Input, GDataSet | None]:
+        """(model outputs of shape (n_samples, n_outputs): NumPy, or CuPy for CuPy input; the
+        adapted input; the GDataSet they came from, if any)."""
         from sklearn.utils.validation import check_is_fitted
 
         check_is_fitted(self, "n_outputs_")
         lt = _require_torch()
-        x, kind = self._sequences(X, reset=False)
+        x, inp = self._sequences(X, reset=False)
         spec = self._spec
-        if kind == "numpy":
-            return lt.predict_host(spec, self._params, x.astype(spec.dtype, copy=False))
-        if kind == "cupy":
-            return lt.predict_block(x.astype(spec.dtype, copy=False), spec, lt.flat_params(spec, self._params))
+        if inp.kind.host:
+            return lt.predict_host(spec, self._params, x.astype(spec.dtype, copy=False)), inp, None
+        if not isinstance(x, GDataSet):
+            flat = lt.flat_params(spec, self._params)
+            return lt.predict_block(x.astype(spec.dtype, copy=False), spec, flat), inp, None
         G = x if x.dtype == np.dtype(spec.dtype) else x.astype(spec.dtype)
         out = G.map_blocks(lt.predict_block, spec, lt.flat_params(spec, self._params), dtype=np.dtype(spec.dtype),
                            ncols=spec.n_outputs, name="lstm-predict")
-        return to_numpy(out.compute())
+        return to_numpy(out.compute()), inp, G
 
     def _host_y(self, y: Any) -> Any:
-        return _host_targets(y)
+        return host_array(y)
 
 
+@shared_docs
 class LSTMRegressor(RegressorMixin, _LSTMBase):
     """Sequence regression with an LSTM (``torch.nn.LSTM``, cuDNN on GPUs) over device-resident
     blocks, trained data-parallel on every device worker; scikit-learn API.
@@ -311,7 +291,7 @@ class LSTMRegressor(RegressorMixin, _LSTMBase):
     proportion to the devices' measured speeds, so a slow device gets a smaller share); gradients
     are all-reduced with ``torch.distributed`` (gloo, NCCL on CUDA) and every replica takes the same
     step: with the same seed, data and batch size the loss curve is a single-process loop's (see
-    :mod:`gdask.ml._lstm_torch` for the epoch order). The epoch loop runs on the workers, one task
+    :mod:`gdask.ml._lstm._torch` for the epoch order). The epoch loop runs on the workers, one task
     per worker for the whole fit; without a Client it runs in this process on the local device.
     A worker lost during the fit restarts it on the workers from the last finished epoch (at most
     config ``gdask.engine.max-restarts`` times, then a ``CollectiveError``).
@@ -354,9 +334,8 @@ class LSTMRegressor(RegressorMixin, _LSTMBase):
     callback : callable, optional
         ``callback(record)`` after every epoch (``epoch``, ``loss``, ``h2d_bytes``, ``seconds``,
         ``shares`` = ``{worker address: training rows it computed}``, ...).
-    gpu, memory, job_name : optional
-        Fit inside ``gdask.job(client, gpu=gpu, memory=memory, name=job_name)``, a share of a device of
-        the current Client's cluster (see :func:`gdask.job`); default: no share asked for.
+    {job_parameters}
+    {output_type_parameter}
 
     Attributes
     ----------
@@ -416,9 +395,10 @@ class LSTMRegressor(RegressorMixin, _LSTMBase):
         return y, k
 
     def predict(self, X: Any) -> Any:
-        """Predicted targets, shape (n_samples,) or (n_samples, n_outputs) as ``y`` was."""
-        out = self._outputs(X)
-        return out[:, 0] if self._y_ndim == 1 else out
+        """Predicted targets, shape (n_samples,) or (n_samples, n_outputs) as ``y`` was: NumPy (CuPy
+        for CuPy input; see ``output_type``)."""
+        out, inp, G = self._outputs(X)
+        return self._to_output(out[:, 0] if self._y_ndim == 1 else out, inp.kind, G)
 
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
         """R^2 of the predictions (``y`` and weights may be GDataSets or dask arrays)."""
@@ -486,23 +466,25 @@ class LSTMClassifier(ClassifierMixin, _LSTMBase):
         return super().partial_fit(X, y, classes=classes)
 
     def predict_proba(self, X: Any) -> Any:
-        """Class probabilities (softmax of the logits), shape (n_samples, n_classes)."""
-        z = self._outputs(X)
-        xp = array_module(z)
-        z = z - z.max(axis=1, keepdims=True)
+        """Class probabilities (softmax of the logits), shape (n_samples, n_classes): NumPy (CuPy for
+        CuPy input; see ``output_type``)."""
+        z, inp, G = self._outputs(X)
+        xp = array_namespace(z)
+        z = z - xp.max(z, axis=1, keepdims=True)
         e = xp.exp(z)
-        return e / e.sum(axis=1, keepdims=True)
+        return self._to_output(e / xp.sum(e, axis=1, keepdims=True), inp.kind, G)
 
     def predict_log_proba(self, X: Any) -> Any:
         """Logarithm of :meth:`predict_proba`."""
         p = self.predict_proba(X)
-        return array_module(p).log(p)
+        return array_namespace(p).log(p)
 
     def predict(self, X: Any) -> Any:
-        """Class labels: ``classes_[argmax]`` of the logits."""
-        z = self._outputs(X)
-        idx = to_numpy(z.argmax(axis=1))
-        return self.classes_[idx]
+        """Class labels: ``classes_[argmax]`` of the logits (NumPy; CuPy for CuPy input and numeric
+        classes; see ``output_type``)."""
+        z, inp, G = self._outputs(X)
+        idx = to_numpy(array_namespace(z).argmax(z, axis=1))
+        return self._to_output(self.classes_[idx], inp.kind, G)
 
     def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
         """Mean accuracy (``y`` and weights may be GDataSets or dask arrays)."""

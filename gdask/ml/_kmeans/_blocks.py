@@ -1,0 +1,106 @@
+"""The functions K-means runs in block tasks: the init's draws, the final pass's labels, predictions.
+
+Device blocks in, small host results out (moved explicitly, :func:`gdask.devices.to_numpy`); the
+device work is the kernels' (:mod:`gdask.ml.kernels`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gdask.devices import array_namespace, asarray_like, astype, to_numpy
+from gdask.ml import kernels
+from gdask.ml._base import require_finite
+
+__all__ = [
+    "assign_host", "bounds_labels_host", "count_nearest", "distances_block", "distances_host", "farthest_rows",
+    "join_lists", "labels_block", "labels_host", "narrow", "sample_block", "sum_mind", "take", "take_rows",
+]
+
+
+# -- block functions: device blocks, operands already on the blocks' device (the block task moved
+# them there), results that go to the host moved explicitly (gdask.devices.to_numpy) --------------
+def take(x, idx):
+    """Rows ``idx`` (host indices, or indices on the block's device) of a device block (or weights),
+    on the block's device."""
+    if isinstance(x, np.ndarray):
+        return x[to_numpy(idx)]
+    if isinstance(idx, np.ndarray):
+        idx = asarray_like(idx.astype(np.int64, copy=False), x)
+    return array_namespace(x).take(x, idx, axis=0)
+
+
+def sample_block(blk, centers, factor, phi, seed, w=None):
+    """k-means|| oversampling: keep each row with probability ``factor * w d(x)^2 / phi``. The draws
+    are made on the host (a seeded NumPy generator: the same rows on every backend)."""
+    d2 = to_numpy(kernels.min_sqdist(blk, centers))
+    if w is not None:
+        d2 = d2 * to_numpy(w)
+    rng = np.random.default_rng(seed)
+    keep = np.nonzero(rng.random(d2.shape[0]) < factor * d2 / phi)[0]
+    return to_numpy(take(blk, keep))
+
+
+def count_nearest(blk, centers, w=None):
+    labels = to_numpy(kernels.labels_block(blk, centers))
+    return np.bincount(labels, weights=None if w is None else to_numpy(w),
+                       minlength=centers.shape[0]).astype(np.float64)
+
+
+def take_rows(blk, idx):
+    return to_numpy(take(blk, idx))
+
+
+def sum_mind(blk, centers, w=None):
+    return kernels.weighted_total(kernels.min_sqdist(blk, centers), w)
+
+
+def farthest_rows(blk, centers, m, w=None):
+    labels, mind = (to_numpy(a) for a in kernels.assign(blk, centers))
+    m = min(m, mind.shape[0])
+    idx = np.argpartition(-mind, m - 1)[:m] if m < mind.shape[0] else np.arange(mind.shape[0])
+    idx = idx[np.lexsort((idx, -mind[idx]))]  # farthest first, equal distances in row order
+    ws = np.ones(idx.size) if w is None else to_numpy(take(w, idx)).astype(np.float64)
+    return mind[idx], labels[idx], to_numpy(take(blk, idx)), ws
+
+
+def narrow(labels: np.ndarray, k: int) -> np.ndarray:
+    """Labels in the narrowest unsigned type for ``k`` clusters (less to send back)."""
+    return labels.astype(np.min_scalar_type(max(k - 1, 0)), copy=False)
+
+
+def labels_host(blk, centers, w=None, labels=True):
+    lab, mind = kernels.assign(blk, centers)
+    return (narrow(to_numpy(lab), centers.shape[0]) if labels else None), kernels.weighted_total(mind, w)
+
+
+def bounds_labels_host(blk, centers, token, w=None, history=None, labels=True):
+    lab, inertia = kernels.bounds_labels(blk, centers, token, w, history=history)
+    return (narrow(to_numpy(lab), centers.shape[0]) if labels else None), inertia
+
+
+def labels_block(blk, centers):
+    require_finite(blk)
+    return kernels.assign(blk, centers)[0]
+
+
+def assign_host(blk, centers):
+    require_finite(blk)
+    labels, mind = kernels.assign(blk, centers)
+    return [(to_numpy(labels), to_numpy(mind))]
+
+
+def join_lists(parts):
+    return [p for part in parts for p in part]
+
+
+def distances_block(blk, centers):
+    require_finite(blk)
+    xp = np if isinstance(blk, np.ndarray) else array_namespace(blk)
+    c = astype(centers, blk.dtype) if hasattr(centers, "shape") else asarray_like(centers, blk, dtype=blk.dtype)
+    d2 = xp.sum(blk * blk, axis=1)[:, None] - 2 * (blk @ c.T) + xp.sum(c * c, axis=1)[None, :]
+    return xp.sqrt(xp.clip(d2, min=0))
+
+
+def distances_host(blk, centers):
+    return to_numpy(distances_block(blk, centers))

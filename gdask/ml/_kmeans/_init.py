@@ -1,0 +1,111 @@
+"""K-means' initial centers: k-means|| (Bahmani et al.), greedy k-means++ on a sample, random rows,
+a callable or an array; sample weights weigh the draws."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dask
+import numpy as np
+
+from gdask.devices import to_numpy
+from gdask.gdataset import GDataSet, device_call, sum_parts
+from gdask.ml._kmeans._blocks import count_nearest, sample_block, sum_mind, take_rows
+
+__all__ = ["choice", "initial_centers", "rows", "weighted_kmeanspp"]
+
+
+def weighted_kmeanspp(points: np.ndarray, weights: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Greedy weighted k-means++ (Arthur & Vassilvitskii) on a small host array."""
+    n = points.shape[0]
+    trials = 2 + int(np.log(k))
+    p = weights / weights.sum()
+    centers = np.empty((k, points.shape[1]), points.dtype)
+    first = rng.choice(n, p=p)
+    centers[0] = points[first]
+    d2 = ((points - centers[0]) ** 2).sum(1)
+    for c in range(1, k):
+        pot = weights * d2
+        tot = pot.sum()
+        if tot <= 0:
+            cand = rng.choice(n, size=trials)
+        else:
+            cand = np.searchsorted(np.cumsum(pot), rng.random(trials) * tot)
+            cand = np.minimum(cand, n - 1)
+        cd = ((points[None, :, :] - points[cand][:, None, :]) ** 2).sum(-1)
+        cd = np.minimum(cd, d2[None, :])
+        best = int(np.argmin((cd * weights[None, :]).sum(1)))
+        centers[c] = points[cand[best]]
+        d2 = cd[best]
+    return centers
+
+
+def choice(rng: np.random.Generator, n: int, size: int, p: np.ndarray | None) -> np.ndarray:
+    """``size`` distinct row indices, drawn with probabilities ``p`` (rows with p=0 last resort)."""
+    if p is not None and np.count_nonzero(p) < size:  # not enough weighted rows: fill uniformly
+        first = np.nonzero(p)[0]
+        rest = rng.choice(np.setdiff1d(np.arange(n), first), size=size - first.size, replace=False)
+        return np.concatenate([first, rest])
+    return rng.choice(n, size=size, replace=False, p=p)
+
+
+def rows(X: GDataSet, idx: np.ndarray) -> np.ndarray:
+    """Rows ``idx`` of ``X`` on the host, in ascending order (one task per block holding some)."""
+    idx = np.sort(np.asarray(idx))
+    offs = np.asarray(X.block_offsets + (X.shape[0],))
+    parts = []
+    for b in range(X.nblocks):
+        sel = idx[(idx >= offs[b]) & (idx < offs[b + 1])] - offs[b]
+        if sel.size:
+            parts.append(dask.delayed(device_call)(take_rows, X.block(b), sel))
+    return np.concatenate(dask.compute(*parts), axis=0)
+
+
+def initial_centers(est: Any, X: GDataSet, rng: np.random.Generator, w: np.ndarray | None = None,
+                    W: GDataSet | None = None, original: Any = None) -> np.ndarray:
+    """Initial centers of the K-means estimator ``est`` (its ``init``, ``n_clusters``, ``random_state``,
+    ``oversampling_factor``, ``init_max_iter``, ``init_sample``); sample weights (``w`` on the host,
+    ``W`` blocked like ``X``) weigh the draws (rows with weight 0 are drawn only when there are too few
+    others). ``original``: X as the caller gave it (what a callable ``init`` is called with)."""
+    n, k = X.shape[0], est.n_clusters
+    if callable(est.init):
+        centers = to_numpy(est.init(X if original is None else original, k, est.random_state))
+        est._check_init_array(centers, X.shape[1])
+        return np.asarray(centers, dtype=X.dtype).copy()
+    if not isinstance(est.init, str):
+        return np.asarray(to_numpy(est.init), dtype=X.dtype).copy()
+    p = None if w is None else w / w.sum()
+    if est.init == "random":
+        return rows(X, choice(rng, n, k, p))[rng.permutation(k)]
+    if est.init == "k-means++":
+        m = min(n, max(est.init_sample, k))
+        pts = rows(X, choice(rng, n, m, p))
+        return weighted_kmeanspp(pts.astype(np.float64), np.ones(len(pts)), k, rng).astype(X.dtype)
+    return _kmeans_parallel(est, X, rng, p, W)
+
+
+def _kmeans_parallel(est: Any, X: GDataSet, rng: np.random.Generator, p: np.ndarray | None,
+                     W: GDataSet | None) -> np.ndarray:
+    """k-means|| (Bahmani et al. 2012): rounds of oversampling by the squared distance to the
+    candidates so far, then weighted k-means++ on the candidates."""
+    n, k = X.shape[0], est.n_clusters
+    cands = rows(X, rng.choice(n, size=1, p=p))
+    factor = est.oversampling_factor * k
+    wargs = () if W is None else (W,)
+    for _ in range(est.init_max_iter):
+        phi = X.reduce_blocks(sum_mind, sum_parts, cands, *wargs, name="kmeans-phi").compute()
+        if phi <= 0:
+            break
+        seeds = rng.integers(0, 2**63 - 1, size=X.nblocks)
+        new = dask.compute(*[dask.delayed(device_call)(sample_block, X.block(b), cands, factor, phi,
+                                                       int(seeds[b]), None if W is None else W.block(b))
+                             for b in range(X.nblocks)])
+        cands = np.concatenate([cands, *new], axis=0)
+    if cands.shape[0] <= k:
+        extra = rows(X, choice(rng, n, k - cands.shape[0] + 1, p))
+        cands = np.concatenate([cands, extra])[: max(k, cands.shape[0])]
+        if cands.shape[0] == k:
+            return cands.astype(X.dtype)
+    weights = X.reduce_blocks(count_nearest, sum_parts, cands, *wargs, name="kmeans-weights").compute()
+    weights = np.maximum(weights, 1e-12)
+    return weighted_kmeanspp(cands.astype(np.float64), weights, k, rng).astype(X.dtype)

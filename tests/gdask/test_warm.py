@@ -1,0 +1,153 @@
+"""The kernel warm-up (gdask.ml.warm_kernels, the WarmKernels worker plugin): it compiles what the fits
+run, prints nothing and changes nothing that the process's other threads see."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import warnings
+
+import dask
+import pytest
+
+from gdask.ml import WarmKernels, warm_kernels
+
+pytestmark = pytest.mark.timeout(300)
+
+#: numba's CPU dispatchers of gdask.ml and the type signatures each has compiled (or loaded) so far
+_SIGNATURES = """
+def signatures():
+    import sys
+    from numba.core.dispatcher import Dispatcher
+    out = {}
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("gdask.ml") or mod is None:
+            continue
+        for attr, obj in vars(mod).items():
+            if isinstance(obj, Dispatcher):
+                out[f"{name}.{attr}"] = sorted(map(str, obj.signatures))
+    return out
+"""
+
+
+def _run(script: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def test_the_warm_up_compiles_every_kernel_the_fits_run():
+    """In a fresh process: after warm_kernels(), K-means (Lloyd and bounds, weighted, every init,
+    predict / transform / score) and logistic regression (binomial and multinomial, weighted, both
+    solvers) in float32 and float64 compile no kernel signature the warm-up did not."""
+    proc = _run(_SIGNATURES + textwrap.dedent("""
+        import json
+        import numpy as np
+        import dask
+        from gdask.ml import KMeans, LogisticRegression, warm_kernels
+
+        warm_kernels()
+        warmed = signatures()
+        rng = np.random.default_rng(1)
+        with dask.config.set({"gdask.backend": "emulated"}):
+            for dt in ("float32", "float64"):
+                x = rng.standard_normal((600, 8)).astype(dt)
+                w = rng.uniform(0.5, 2, 600)
+                for algorithm in ("lloyd", "elkan"):
+                    for init in ("k-means||", "k-means++", "random"):
+                        km = KMeans(4, init=init, algorithm=algorithm, n_init=1, max_iter=8, tol=0, random_state=0)
+                        km.fit(x, sample_weight=w if init == "random" else None)
+                    km.predict(x), km.transform(x), km.score(x)
+                y2, y3 = (x[:, 0] > 0).astype(int), (x[:, 0] > 0).astype(int) + (x[:, 1] > 0)
+                for y in (y2, y3):
+                    for solver in ("lbfgs", "gd"):
+                        LogisticRegression(solver=solver, max_iter=5, class_weight="balanced").fit(x, y, w)
+        print(json.dumps({"warmed": warmed, "after": signatures()}))
+    """), env={"NUMBA_ENABLE_CUDASIM": "0"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert any(found["warmed"].values()), "the warm-up compiled nothing"
+    missing = {k: sorted(set(v) - set(found["warmed"].get(k, ()))) for k, v in found["after"].items()}
+    assert not {k: v for k, v in missing.items() if v}, "compiled by the fits, not by the warm-up"
+
+
+def test_the_warm_up_changes_no_global_state_while_it_runs():
+    """Another thread of the process (a worker's task) sees the same Dask config and warnings
+    filters during the warm-up as before; the warm-up warns nothing."""
+    config_before = dask.config.get("scheduler", None), dask.config.get("gdask", None)
+    seen: list[tuple] = []
+    with warnings.catch_warnings(record=True) as caught:  # process-wide: records the other thread's warnings
+        warnings.simplefilter("always")
+        filters = list(warnings.filters)
+        t = threading.Thread(target=warm_kernels)
+        t.start()
+        while t.is_alive():
+            seen.append((dask.config.get("scheduler", None), dask.config.get("gdask", None), list(warnings.filters)))
+        t.join()
+    assert seen and all(s == (*config_before, filters) for s in seen)
+    assert not caught, [str(w.message) for w in caught]
+
+
+@pytest.mark.timeout(600)  # the worker compiles every kernel from scratch
+def test_a_cluster_start_prints_nothing_and_tasks_see_the_workers_config(tmp_path):
+    """Workers compiling from scratch (an empty numba cache): a task that runs while they warm up
+    sees its worker's config unchanged, and starting the cluster prints no warning."""
+    script = tmp_path / "start.py"
+    script.write_text(textwrap.dedent("""
+        import json, time, warnings
+        import dask
+        from distributed import Client
+        import gdask
+        from gdask.ml import wait_for_warm_kernels
+
+        def watch(dask_worker=None):
+            from distributed import get_worker
+            w = get_worker()
+            plugin = w.plugins["gdask-warm-kernels"]
+            seen, running = set(), 0
+            while not plugin.status()["done"]:
+                running += 1
+                seen.add((repr(dask.config.get("scheduler", None)), len(warnings.filters)))
+                time.sleep(0.001)
+            after = (repr(dask.config.get("scheduler", None)), len(warnings.filters))
+            return {"seen": sorted(seen), "after": after, "running": running, "status": plugin.status()}
+
+        if __name__ == "__main__":
+            with gdask.LocalGPUCluster(n_devices=1, backend="emulated", dashboard_address=":0") as cluster, \\
+                    Client(cluster) as client:
+                futs = [client.submit(watch, pure=False, workers=[w]) for w in client.scheduler_info()["workers"]]
+                out = client.gather(futs)
+                wait_for_warm_kernels(client, timeout=500)
+            print(json.dumps(out))
+    """))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=540,
+                          env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert any(o["running"] > 0 for o in out), "no task ran during the warm-up: the test saw nothing"
+    for o in out:
+        assert all(tuple(s) == tuple(o["after"]) for s in o["seen"]), o
+        assert o["status"]["error"] is None and o["status"]["compiled"] == o["status"]["total"] > 0
+    assert "Warning" not in proc.stderr and "warning" not in proc.stderr.lower(), proc.stderr[-3000:]
+
+
+def test_strict_devices_skip_the_warm_up():
+    """Strict devices run the array API code, not numba's kernels: nothing to compile."""
+    from gdask.ml._warm import _numba_backend
+
+    class Dev:
+        backend, strict = "emulated", True
+
+    class Plugin:
+        device = Dev()
+
+    class Worker:
+        plugins = {"gdask-device": Plugin()}
+
+    assert _numba_backend(Worker()) is None
+    plugin = WarmKernels()
+    plugin.setup(Worker())
+    assert plugin.status() == {"done": True, "seconds": 0.0, "error": None, "compiled": 0, "total": 0}
