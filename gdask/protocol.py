@@ -10,7 +10,7 @@ from __future__ import annotations
 __all__ = [
     "ANN_GPU", "ANN_JOB", "ANN_JOB_KIND", "ANN_JOB_SECRET",
     "EVENT_JOB_TASK",
-    "HANDLER_COLLECTIVE", "HANDLER_COLLECTIVE_ABORT", "HANDLER_DEVICE_TABLE", "HANDLER_JOBS",
+    "HANDLER_COLLECTIVE", "HANDLER_COLLECTIVE_ABORT", "HANDLER_DEVICE_TABLE", "HANDLER_EXECUTION_LOG", "HANDLER_JOBS",
     "HANDLER_JOB_CLOSE", "HANDLER_JOB_OPEN", "HANDLER_OBSERVE", "HANDLER_PLACEMENT_STATS", "HANDLER_STATE",
     "METRIC_DEVICE", "METRIC_NVML", "METRIC_STREAMS", "METRIC_WINDOW",
     "PLUGIN_COLLECTIVE", "PLUGIN_DASHBOARD", "PLUGIN_DEVICE", "PLUGIN_EXECUTION_LOG", "PLUGIN_JOBS",
@@ -65,6 +65,8 @@ EVENT_JOB_TASK = "gdask-job-task"
 HANDLER_DEVICE_TABLE = "gdask_device_table"
 #: scheduler: placement statistics per worker
 HANDLER_PLACEMENT_STATS = "gdask_placement_stats"
+#: scheduler: pop the execution log's records (tasks that ran) and the sizes of keys in memory
+HANDLER_EXECUTION_LOG = "gdask_execution_log"
 #: scheduler: durations of device work that ran inside longer tasks
 HANDLER_OBSERVE = "gdask_observe"
 #: scheduler: open / close a job, the jobs table

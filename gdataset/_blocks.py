@@ -27,6 +27,7 @@ from gdask.devices import (  # noqa: F401 (array_module, to_numpy re-exported)
     numpy_dtype,
     to_numpy,
 )
+from gdask.gdataset import _seq
 
 
 def sum_parts(parts: list) -> Any:
@@ -71,9 +72,7 @@ def coalesce(x: Any, xp=None) -> Any:
 def to_device(chunk: Any) -> Any:
     """Copy one host (or other-device) chunk into this process's device, coalesced."""
     if np.ndim(chunk) == 3:  # sequences: time-major
-        from gdask.gdataset._seq import to_device as to_device_seq
-
-        return to_device_seq(chunk)
+        return _seq.to_device(chunk)
     dev = current_device()
     return dev.asarray(chunk, order="F" if getattr(chunk, "ndim", np.ndim(chunk)) == 2 else "C")
 
@@ -85,11 +84,8 @@ def block_op(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     out = dev.run(func, *args, **kwargs)
     if getattr(out, "ndim", 0) == 2 and hasattr(out, "flags") and not out.flags.f_contiguous:
         out = dev.adopt(coalesce(out, dev.xp))
-    elif getattr(out, "ndim", 0) == 3:  # sequences: time-major
-        from gdask.gdataset._seq import is_time_major, to_time_major
-
-        if not is_time_major(out):
-            out = dev.adopt(to_time_major(out, dev.xp))
+    elif getattr(out, "ndim", 0) == 3 and not _seq.is_time_major(out):  # sequences: time-major
+        out = dev.adopt(_seq.to_time_major(out))
     return out
 
 

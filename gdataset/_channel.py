@@ -11,6 +11,7 @@ of failing every task that reads it.
 
 from __future__ import annotations
 
+import pickle
 from typing import Any, Sequence
 
 from dask.base import tokenize
@@ -32,8 +33,6 @@ def _nbytes(x: Any) -> int:
         return sum(_nbytes(v) for v in x)
     if isinstance(x, dict):
         return sum(_nbytes(v) for v in x.values())
-    import pickle
-
     return len(pickle.dumps(x, protocol=5))
 
 

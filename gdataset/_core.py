@@ -11,14 +11,19 @@ from typing import Any, Callable, Mapping, Sequence
 import dask
 import dask.array as da
 import numpy as np
+from dask._task_spec import convert_legacy_task
 from dask.array.dispatch import concatenate_lookup
 from dask.base import DaskMethodsMixin, tokenize
+from dask.core import flatten
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from dask.task_spec import Alias, DataNode, Task, TaskRef
 
 from gdask import protocol
-from gdask.gdataset import _blocks
+from gdask.gdataset import _blocks, _ops, _seq
+from gdask.gdataset._repr import gdataset_html
+from gdask.gdataset.locality import block_places
+from gdask.scheduling import job_salt
 
 __all__ = ["GDataSet"]
 
@@ -35,8 +40,6 @@ def _optimize(dsk, keys, **kwargs):
     """Cull only: block keys must survive optimisation so that persisted blocks are reused."""
     if isinstance(dsk, HighLevelGraph):
         return dsk.cull(set(_flatten(keys)))
-    from dask.core import flatten
-
     return dask.optimization.cull(dict(dsk), list(flatten(keys)))[0]
 
 
@@ -52,7 +55,7 @@ def _flatten(keys):
 def _register_strict_concatenate() -> None:
     """dask.array joins the chunks of a result (``X.sum(0).compute()``) with the namespace's concat
     when they are strict device arrays (NumPy would try to convert them, which they refuse)."""
-    import array_api_strict as xps
+    import array_api_strict as xps  # optional (the emulated-strict backend): imported when its arrays exist
 
     def concat(arrays, axis=0):
         return xps.concat(list(arrays), axis=axis)
@@ -68,7 +71,7 @@ def device_layer(tasks: Mapping, kind: str) -> MaterializedLayer:
 
 def _meta_array(backend: str, shape: tuple[int, ...], dtype: Any):
     if backend == "cupy":
-        import cupy
+        import cupy  # optional and heavy: only for CuPy blocks
 
         return cupy.empty(shape, dtype=dtype)
     return np.empty(shape, dtype=dtype)
@@ -113,8 +116,6 @@ class _Operands:
             if host.nbytes <= _EMBED_BYTES:
                 self.args.append(("value", a))
             else:
-                from gdask.scheduling import job_salt
-
                 key = "operand-" + tokenize(a, *job_salt())
                 self.graph[key] = DataNode(key, a)
                 self.args.append(("ref", key))
@@ -142,8 +143,6 @@ def _as_task(node: Any) -> Any:
     """A legacy tuple task as a ``Task`` (GDataSet layers already hold ``Task`` objects)."""
     if isinstance(node, (Task, DataNode)):
         return node
-    from dask._task_spec import convert_legacy_task
-
     return convert_legacy_task(None, node, ())
 
 
@@ -367,9 +366,8 @@ class GDataSet(DaskMethodsMixin):
         persisted. Waits for blocks still being persisted and asks the scheduler where they are:
         call it once per loop, not per iteration.
         """
-        from gdask.gdataset._repr import block_workers, groups_of
-
-        return groups_of(block_workers(self, client, wait_ready=True), self.nblocks)
+        places = block_places(self, client, wait_ready=True)
+        return None if places is None else places.groups(self.nblocks)
 
     def to_delayed(self) -> list[Delayed]:
         return [self.block(i) for i in range(self.nblocks)]
@@ -394,8 +392,8 @@ class GDataSet(DaskMethodsMixin):
         name : str, optional
             Key prefix; defaults to the function's name.
         """
-        return _elemwise(_RowsChecked(func), self, *args, dtype=dtype, ncols=ncols, name=name or _fname(func),
-                         kwargs=kwargs)
+        return _elemwise(_ops.RowsChecked(func), self, *args, dtype=dtype, ncols=ncols,
+                         name=name or _ops.fname(func), kwargs=kwargs)
 
     def reduce_blocks(self, chunk: Callable[..., Any], combine: Callable[[list], Any], *args: Any,
                       finalize: Callable[[Any], Any] | None = None, split_every: int = 8,
@@ -445,7 +443,7 @@ class GDataSet(DaskMethodsMixin):
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         if method != "__call__" or kwargs.get("out") is not None or ufunc.nout != 1:
             return NotImplemented
-        return _elemwise(_apply_ufunc, *inputs, kwargs={"ufunc": ufunc, **kwargs}, name=ufunc.__name__)
+        return _elemwise(_ops.apply_ufunc, *inputs, kwargs={"ufunc": ufunc, **kwargs}, name=ufunc.__name__)
 
     def __array_function__(self, func, types, args, kwargs):
         method = {np.sum: "sum", np.mean: "mean", np.std: "std", np.min: "min", np.max: "max",
@@ -475,9 +473,7 @@ class GDataSet(DaskMethodsMixin):
         if not isinstance(index, tuple):
             index = (index,)
         if index and not (isinstance(index[0], slice) and index[0] == slice(None)):
-            from gdask.gdataset._seq import select_rows
-
-            out = select_rows(self, index[0])
+            out = _select_rows(self, index[0])
             return out if len(index) == 1 else out[(slice(None), *index[1:])]
         if not index:
             raise NotImplementedError(
@@ -512,41 +508,41 @@ class GDataSet(DaskMethodsMixin):
         """Sum over rows (``axis=0``) or everything (``axis=None``); a one-chunk dask array."""
         self._check_axis(axis, (None, 0))
         dtype = np.sum(np.zeros(1, self.dtype)).dtype
-        return _reduction(self, _r_sum_chunk, _r_sum_combine, None, axis, dtype, "sum")
+        return _reduction(self, _ops.sum_chunk, _ops.sum_combine, None, axis, dtype, "sum")
 
     def mean(self, axis: int | None = None) -> da.Array:
         self._check_axis(axis, (None, 0))
         dtype = np.mean(np.zeros(1, self.dtype)).dtype
-        return _reduction(self, _r_moment_chunk, _r_moment_combine, _r_mean_finalize, axis, dtype, "mean")
+        return _reduction(self, _ops.moment_chunk, _ops.moment_combine, _ops.mean_finalize, axis, dtype, "mean")
 
     def std(self, axis: int | None = None, ddof: int = 0) -> da.Array:
         self._check_axis(axis, (None, 0))
         dtype = np.mean(np.zeros(1, self.dtype)).dtype
-        return _reduction(self, _r_moment_chunk, _r_moment_combine, _r_std_finalize, axis, dtype, "std",
+        return _reduction(self, _ops.moment_chunk, _ops.moment_combine, _ops.std_finalize, axis, dtype, "std",
                           finalize_args=(ddof,))
 
     def var(self, axis: int | None = None, ddof: int = 0) -> da.Array:
         self._check_axis(axis, (None, 0))
         dtype = np.mean(np.zeros(1, self.dtype)).dtype
-        return _reduction(self, _r_moment_chunk, _r_moment_combine, _r_var_finalize, axis, dtype, "var",
+        return _reduction(self, _ops.moment_chunk, _ops.moment_combine, _ops.var_finalize, axis, dtype, "var",
                           finalize_args=(ddof,))
 
     def min(self, axis: int | None = None) -> da.Array:
         self._check_axis(axis, (None, 0))
-        return _reduction(self, _r_min_chunk, _r_min_combine, None, axis, self.dtype, "min")
+        return _reduction(self, _ops.min_chunk, _ops.min_combine, None, axis, self.dtype, "min")
 
     def max(self, axis: int | None = None) -> da.Array:
         self._check_axis(axis, (None, 0))
-        return _reduction(self, _r_max_chunk, _r_max_combine, None, axis, self.dtype, "max")
+        return _reduction(self, _ops.max_chunk, _ops.max_combine, None, axis, self.dtype, "max")
 
     def argmin(self, axis: int = 1) -> GDataSet:
         """Per-row index of the smallest value (``axis=1``): a 1-D GDataSet."""
         self._check_axis(axis, (1, -1))
-        return _elemwise(_argmin1, self, name="argmin", ncols=None, dtype=np.intp)
+        return _elemwise(_ops.argmin1, self, name="argmin", ncols=None, dtype=np.intp)
 
     def argmax(self, axis: int = 1) -> GDataSet:
         self._check_axis(axis, (1, -1))
-        return _elemwise(_argmax1, self, name="argmax", ncols=None, dtype=np.intp)
+        return _elemwise(_ops.argmax1, self, name="argmax", ncols=None, dtype=np.intp)
 
     # -- display ---------------------------------------------------------------------------------
     def __repr__(self) -> str:
@@ -554,8 +550,6 @@ class GDataSet(DaskMethodsMixin):
                 f"block_rows={_short(self.row_blocks)}, backend={self.backend}, name={self.name}>")
 
     def _repr_html_(self) -> str:
-        from gdask.gdataset._repr import gdataset_html
-
         return gdataset_html(self)
 
 
@@ -578,144 +572,11 @@ class _Transposed:
         ncols = x.ncols
         shape = tuple(s for s in (ncols, other.ncols) if s is not None)
         dtype = np.result_type(x.dtype, other.dtype)
-        return _reduction(x, _blocks.tmatmul, _r_sum_combine, None, "tmatmul", dtype, "tmatmul",
+        return _reduction(x, _blocks.tmatmul, _ops.sum_combine, None, "tmatmul", dtype, "tmatmul",
                           extra=(other,), shape=shape)
 
 
-# -- block functions (module level: stable tokens, picklable) -----------------------------------
-# Written against the array API standard: the namespace of the blocks (NumPy, CuPy, array-api-strict)
-# from gdask.devices.array_namespace; NumPy blocks keep their NumPy methods where that is faster.
-
-#: NumPy ufunc names whose array API function has another name
-_UFUNC_NAMES = {
-    "absolute": "abs", "arccos": "acos", "arccosh": "acosh", "arcsin": "asin", "arcsinh": "asinh",
-    "arctan": "atan", "arctan2": "atan2", "arctanh": "atanh", "power": "pow", "invert": "bitwise_invert",
-    "left_shift": "bitwise_left_shift", "right_shift": "bitwise_right_shift", "conjugate": "conj",
-    "true_divide": "divide",
-}
-
-
-def _apply_ufunc(*args, ufunc, **kwargs):
-    """NumPy ufunc ``ufunc`` on blocks: the ufunc itself on NumPy / CuPy blocks, the array API function
-    of the same name on others (``np.exp(X)`` on strict blocks is ``array_api_strict.exp``)."""
-    arrays = [a for a in args if hasattr(a, "shape") and not isinstance(a, np.generic)]
-    if all(isinstance(a, np.ndarray) or _blocks.array_module(a).__name__ == "cupy" for a in arrays):
-        return ufunc(*args, **kwargs)
-    xp = _blocks.array_namespace(*arrays)
-    name = _UFUNC_NAMES.get(ufunc.__name__, ufunc.__name__)
-    fn = getattr(xp, name, None)
-    if fn is None or kwargs:
-        raise TypeError(f"NumPy's {ufunc.__name__}{' with ' + str(sorted(kwargs)) if kwargs else ''} has no array "
-                        f"API equivalent in {xp.__name__}; use X.map_blocks with the namespace's functions")
-    return fn(*args)
-
-
-class _RowsChecked:
-    """A :meth:`GDataSet.map_blocks` kernel whose result must have its block's rows (the result is
-    blocked like the input: a kernel that drops or adds rows would silently misalign it)."""
-
-    def __init__(self, func: Callable[..., Any]) -> None:
-        self.func = func
-        self.__name__ = _fname(func)
-
-    def __dask_tokenize__(self) -> Any:
-        return ("rows-checked", tokenize(self.func))
-
-    def __call__(self, blk: Any, *args: Any, **kwargs: Any) -> Any:
-        out = self.func(blk, *args, **kwargs)
-        rows = getattr(out, "shape", ())[:1]
-        if rows != blk.shape[:1]:
-            raise ValueError(f"map_blocks: {self.__name__} returned {'a scalar' if not rows else f'{rows[0]} rows'} "
-                             f"for a block of {blk.shape[0]} rows; a kernel must return one row per input row "
-                             "(use reduce_blocks for per-block results)")
-        return out
-
-
-def _argmin1(b):
-    if isinstance(b, np.ndarray):
-        return b.argmin(axis=1)
-    return _blocks.array_namespace(b).argmin(b, axis=1)
-
-
-def _argmax1(b):
-    if isinstance(b, np.ndarray):
-        return b.argmax(axis=1)
-    return _blocks.array_namespace(b).argmax(b, axis=1)
-
-
-def _r_sum_chunk(b, axis):
-    if isinstance(b, np.ndarray):
-        return b.sum(axis=axis, dtype=np.float64 if b.dtype.kind == "f" else None)
-    xp = _blocks.array_namespace(b)
-    if xp.isdtype(b.dtype, "bool"):  # the standard sums numbers only: booleans count as integers
-        b = xp.astype(b, xp.int64)
-    return xp.sum(b, axis=axis, dtype=xp.float64 if xp.isdtype(b.dtype, "real floating") else None)
-
-
-def _r_sum_combine(parts):
-    return _blocks.sum_parts(parts)
-
-
-def _r_min_chunk(b, axis):
-    return _blocks.array_namespace(b).min(b, axis=axis)
-
-
-def _r_min_combine(parts):
-    xp = _blocks.array_namespace(*parts)
-    return xp.min(xp.stack(parts), axis=0)
-
-
-def _r_max_chunk(b, axis):
-    return _blocks.array_namespace(b).max(b, axis=axis)
-
-
-def _r_max_combine(parts):
-    xp = _blocks.array_namespace(*parts)
-    return xp.max(xp.stack(parts), axis=0)
-
-
-def _r_moment_chunk(b, axis):
-    """(count, mean, M2) of one block, in float64 (Chan et al. parallel variance)."""
-    return _blocks.moments(b, axis)
-
-
-def _r_moment_combine(parts):
-    n, mean, m2 = parts[0]
-    for nb, mb, m2b in parts[1:]:
-        if nb == 0:
-            continue
-        tot = n + nb
-        delta = mb - mean
-        mean = mean + delta * (nb / tot)
-        m2 = m2 + m2b + delta * delta * (n * nb / tot)
-        n = tot
-    return (n, mean, m2)
-
-
-def _r_mean_finalize(parts, dtype):
-    return _blocks.astype(parts[1], dtype)
-
-
-def _r_var_finalize(parts, dtype, ddof):
-    n, _, m2 = parts
-    return _blocks.astype(m2 / max(n - ddof, 0), dtype)
-
-
-def _r_std_finalize(parts, dtype, ddof):
-    var = _r_var_finalize(parts, dtype, ddof)
-    return np.sqrt(var) if isinstance(var, (np.ndarray, np.generic)) else _blocks.array_namespace(var).sqrt(var)
-
-
-def _plain_finalize(x, dtype):
-    return _blocks.astype(x, dtype)
-
-
 # -- graph builders ------------------------------------------------------------------------------
-def _fname(func: Callable) -> str:
-    n = getattr(func, "__name__", None) or type(func).__name__
-    return n.strip("_").replace("<", "").replace(">", "") or "op"
-
-
 def _elemwise(func: Callable, *args: Any, dtype: Any = None, ncols: Any = "infer", name: str | None = None,
               kwargs: dict | None = None) -> GDataSet:
     """A GDataSet whose block i is ``func(*args_i, **kwargs)``."""
@@ -731,16 +592,16 @@ def _elemwise(func: Callable, *args: Any, dtype: Any = None, ncols: Any = "infer
                 meta = np.asarray(func(*metas, **kwargs))
         except Exception as e:
             raise ValueError(
-                f"could not infer the output of {_fname(func)} from empty blocks ({type(e).__name__}: {e}); "
+                f"could not infer the output of {_ops.fname(func)} from empty blocks ({type(e).__name__}: {e}); "
                 "pass dtype= and ncols= (None for 1-D output)"
             ) from e
         if ncols == "infer":
             if meta.ndim not in (1, 2, 3):
-                raise ValueError(f"{_fname(func)} must return 1-D, 2-D or 3-D blocks, got {meta.ndim}-D")
+                raise ValueError(f"{_ops.fname(func)} must return 1-D, 2-D or 3-D blocks, got {meta.ndim}-D")
             ncols = _ncols(meta.shape[1:])
         if dtype is None:
             dtype = meta.dtype
-    prefix = name or _fname(func)
+    prefix = name or _ops.fname(func)
     out = f"{prefix}-{tokenize(func, *ops.tokens(), kwargs, ref.row_blocks)}"
     layer = dict(ops.graph)
     for i in range(ref.nblocks):
@@ -762,7 +623,7 @@ def _tree_reduce(x: GDataSet, chunk, combine, args, kwargs, *, finalize=None, fi
     if split_every < 2:
         raise ValueError(f"split_every must be >= 2, got {split_every}")
     ops = _Operands(x, (x,) + tuple(extra) + tuple(args))
-    prefix = name or _fname(chunk)
+    prefix = name or _ops.fname(chunk)
     if groups is not None:
         groups = [list(g) for g in groups if len(g)]
         if sorted(i for g in groups for i in g) != list(range(x.nblocks)):
@@ -801,10 +662,6 @@ def _tree_reduce(x: GDataSet, chunk, combine, args, kwargs, *, finalize=None, fi
     return final, graph
 
 
-def _identity(x):
-    return x
-
-
 def _reduction(x: GDataSet, chunk, combine, finalize, axis, dtype, name, *, finalize_args=(), extra=(),
                shape=None) -> da.Array:
     dtype = np.dtype(dtype)
@@ -815,7 +672,7 @@ def _reduction(x: GDataSet, chunk, combine, finalize, axis, dtype, name, *, fina
         # over rows: the trailing shape; over (rows, time steps) of sequences: the features
         shape = () if axis is None else x.shape[1 + (len(axis) - 1 if isinstance(axis, tuple) else 0):]
     if finalize is None:
-        finalize, finalize_args = _plain_finalize, (dtype,)
+        finalize, finalize_args = _ops.plain_finalize, (dtype,)
     else:
         finalize_args = (dtype,) + tuple(finalize_args)
     final, graph = _tree_reduce(x, chunk, combine, args, {}, finalize=finalize, finalize_args=finalize_args,
@@ -823,10 +680,32 @@ def _reduction(x: GDataSet, chunk, combine, finalize, axis, dtype, name, *, fina
     # expose the result as a one-chunk dask array under its own name
     aname = f"{name}-result-{final.rsplit('-', 1)[-1]}"
     akey = (aname,) + (0,) * len(shape)
-    layer = {akey: Task(akey, _identity, TaskRef(final))}
+    layer = {akey: Task(akey, _ops.identity, TaskRef(final))}
     graph = HighLevelGraph.from_collections(aname, layer, dependencies=[_GraphHolder(final, graph)])
     chunks = tuple((s,) for s in shape)
     return da.Array(graph, aname, chunks, meta=_meta_array(x.backend, (0,) * len(shape), dtype))
+
+
+def _select_rows(x: Any, index: Any) -> Any:
+    """``x[index]`` along the rows: a GDataSet with the selected rows, each left in its block
+    (blocks without selected rows are dropped); see :meth:`GDataSet.__getitem__`."""
+    n = x.shape[0]
+    rows = _seq.row_index(index, n)
+    if rows.size == 0:
+        raise IndexError("the row selection selects no rows; a GDataSet cannot be empty")
+    bounds = np.asarray((*x.block_offsets, n), dtype=np.int64)
+    cuts = np.searchsorted(rows, bounds, side="left")
+    name = f"rows-{tokenize(x.name, rows)}"
+    layer, sizes = {}, []
+    for i in range(x.nblocks):
+        local = rows[cuts[i]:cuts[i + 1]] - bounds[i]
+        if local.size == 0:
+            continue
+        key = (name, len(sizes))
+        layer[key] = Task(key, _blocks.block_op, _seq.take_rows, TaskRef((x.name, i)), local)
+        sizes.append(int(local.size))
+    graph = HighLevelGraph.from_collections(name, device_layer(layer, "block"), dependencies=[x])
+    return GDataSet(graph, name, sizes, x.ncols, x.dtype, x.backend, x.columns)
 
 
 class _GraphHolder:

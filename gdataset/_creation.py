@@ -5,15 +5,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import dask.array as da
 import numpy as np
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task, TaskRef
 
 from gdask import config
-from gdask.devices import parse_size
+from gdask.devices import discover, parse_size
 from gdask.gdataset import _blocks
 from gdask.gdataset._core import GDataSet, device_layer
+from gdask.scheduling import job_salt
 
 __all__ = ["from_array", "from_dask_array", "from_dataframe", "default_block_rows"]
 
@@ -30,8 +32,6 @@ def _device_backend(input_backend: str) -> str:
     """Array module the blocks will have: CuPy where gdask computes on CUDA."""
     if input_backend == "cupy":
         return "cupy"
-    from gdask.devices import discover
-
     try:
         return "cupy" if discover().backend == "cuda" else "numpy"
     except Exception:  # noqa: BLE001 - discovery problems mean "no CUDA"
@@ -64,14 +64,6 @@ def _check_block_rows(block_rows: Any) -> int:
 def _split(n: int, block_rows: int) -> tuple[int, ...]:
     full, rest = divmod(n, block_rows)
     return (block_rows,) * full + ((rest,) if rest else ())
-
-
-def _job_salt() -> tuple:
-    """Inside ``gdask.job(...)``: the job's name and secret, so that a job's blocks have keys of their
-    own (one job never reads another job's cached blocks, nor names them); elsewhere nothing."""
-    from gdask.scheduling import job_salt
-
-    return job_salt()
 
 
 def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None) -> GDataSet:
@@ -137,7 +129,7 @@ def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None
     if name is not None and (not isinstance(name, str) or not name):
         raise TypeError(f"name must be a non-empty string (a key prefix), got {name!r}")
     # the name is a prefix: keys always name the content, so the same name with other data is another dataset
-    name = f"{name or 'from-array'}-{tokenize(x, rows, *_job_salt())}"
+    name = f"{name or 'from-array'}-{tokenize(x, rows, *job_salt())}"
     layer = {}
     start = 0
     for i, r in enumerate(rows):
@@ -167,8 +159,6 @@ def from_dask_array(a: Any, block_rows: int | None = None) -> GDataSet:
     block_rows : int, optional
         Rechunk rows to this size first; default keeps ``a``'s row chunks.
     """
-    import dask.array as da
-
     if not isinstance(a, da.Array):
         raise TypeError(f"from_dask_array needs a dask.array.Array, got {type(a).__name__}")
     if a.ndim not in (1, 2, 3):
@@ -187,7 +177,7 @@ def from_dask_array(a: Any, block_rows: int | None = None) -> GDataSet:
     if any(r == 0 for r in rows):
         a = a.rechunk({0: tuple(r for r in rows if r)})
         rows = tuple(int(c) for c in a.chunks[0])
-    name = f"from-dask-array-{tokenize(a, *_job_salt())}"
+    name = f"from-dask-array-{tokenize(a, *job_salt())}"
     layer = {}
     for i in range(len(rows)):
         src = (a.name, i) + (0,) * (a.ndim - 1)

@@ -1,7 +1,29 @@
-"""Delta iterations: ``gdask.iterate(step, state, data=X, max_iter=, tol=)``."""
+"""Delta iterations: ``gdask.iterate(step, state, data=X, max_iter=, tol=)``.
+
+Step protocol
+-------------
+``step(data, state, ctx) -> new_state`` builds its graph from ``data`` (GDataSet operations, or
+tasks over ``data``'s blocks) and the state *references* ``ctx.refs`` (see
+:class:`IterationContext`), computes it (``.compute()`` / ``dask.compute``: the tracker rewrites the
+graph) and returns the new state as host arrays of the same structure.
+
+* Per-block state (a list with one array per block of ``data``, i.e. ``len(state) ==
+  data.nblocks``; force with ``per_block``): block ``i``'s change is the L1 norm of its update. A
+  block whose change is at most ``block_tol`` (default ``tol / nblocks``) has converged: it KEEPS its
+  previous value exactly, so its channel token, and every task downstream of it, are unchanged and
+  reused; only the work that reads changed blocks runs. It becomes active again as soon as its
+  inputs move it by more than ``block_tol``. This is the delta iteration of Flink / differential
+  dataflow at block granularity.
+* Any other state (array, tuple or dict of arrays): whole-state convergence.
+
+The loop stops when the total L1 change (of all candidate updates, converged blocks included) is at
+most ``tol``, or after ``max_iter`` steps. It runs on the iteration engine from the client
+(:func:`gdask.gdataset.run_loop`, mode ``"client"``): the step builds its own graphs.
+"""
 
 from __future__ import annotations
 
+import html
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -10,9 +32,9 @@ from typing import Any, Callable
 import numpy as np
 
 from gdask.gdataset._channel import IterationChannel
-from gdask.gdataset._engine import IterativeAlgorithm, run_loop
 from gdask.gdataset._progress import Progress
 from gdask.gdataset._tracker import GTracker
+from gdask.gdataset.engine import IterativeAlgorithm, run_loop
 
 __all__ = ["iterate", "IterationContext", "IterateResult"]
 
@@ -71,8 +93,6 @@ class IterateResult:
                 f"history: {len(self.history)} records)")
 
     def _repr_html_(self) -> str:
-        import html
-
         t = self._totals()
         rows = []
         hist = self.history
@@ -125,24 +145,7 @@ def iterate(step: Callable[..., Any], state: Any, data: Any = None, *, max_iter:
             progress: Progress | None = None) -> IterateResult:
     """Run ``state = step(data, state, ctx)`` until the L1 change is at most ``tol``, reusing work.
 
-    Step protocol
-    -------------
-    ``step(data, state, ctx) -> new_state`` builds its graph from ``data`` (GDataSet operations,
-    or tasks over ``data``'s blocks) and the state *references* ``ctx.refs`` (see
-    :class:`IterationContext`), computes it (``.compute()`` / ``dask.compute``: the tracker rewrites
-    the graph) and returns the new state as host arrays of the same structure.
-
-    * Per-block state (a list with one array per block of ``data``, i.e. ``len(state) ==
-      data.nblocks``; force with ``per_block``): block ``i``'s change is the L1 norm of its update.
-      A block whose change is at most ``block_tol`` (default ``tol / nblocks``) has converged: it
-      KEEPS its previous value exactly, so its channel token, and every task downstream of it, are
-      unchanged and reused; only the work that reads changed blocks runs. It becomes active again
-      as soon as its inputs move it by more than ``block_tol``. This is the delta iteration of
-      Flink / differential dataflow at block granularity.
-    * Any other state (array, tuple or dict of arrays): whole-state convergence.
-
-    The loop stops when the total L1 change (of all candidate updates, converged blocks
-    included) is at most ``tol``, or after ``max_iter`` steps.
+    The step protocol and per-block convergence: see :mod:`gdask.gdataset._iterate`.
 
     Parameters
     ----------
@@ -157,7 +160,7 @@ def iterate(step: Callable[..., Any], state: Any, data: Any = None, *, max_iter:
         Stop when the L1 change of an iteration is at most ``tol``; a callable ``tol(state)``
         is evaluated every iteration (e.g. a tolerance relative to the state's norm).
     block_tol : float, optional
-        Per-block convergence threshold (per-block state only).
+        Per-block convergence threshold (per-block state only; default ``tol / nblocks``).
     client : distributed.Client, optional
     per_block : bool, optional
         Treat ``state`` as one array per block (default: when it is a list of ``data.nblocks``).
@@ -181,7 +184,6 @@ def iterate(step: Callable[..., Any], state: Any, data: Any = None, *, max_iter:
     ``b`` that are zero converge at once and their work is skipped afterwards:
 
     >>> import dask, numpy as np, gdask
-    >>> from distributed import Client
     >>> def jacobi_block(b, x):
     ...     return 0.5 * x + b
     >>> def step(data, state, ctx):
@@ -192,34 +194,51 @@ def iterate(step: Callable[..., Any], state: Any, data: Any = None, *, max_iter:
     >>> np.allclose(res.state[0], 2.0), res.converged                          # doctest: +SKIP
     (True, True)
     """
-    if max_iter < 1:
-        raise ValueError(f"max_iter must be >= 1, got {max_iter}")
-    if not callable(tol) and tol < 0:
-        raise ValueError(f"tol must be >= 0, got {tol}")
+    _check_limits(max_iter, tol)
+    per_block = _is_per_block(state, data, per_block)
     own = tracker is None
-    if tracker is None:
-        tracker = GTracker(client)
-    client = tracker.client
-    nblocks = getattr(data, "nblocks", None)
-    if per_block is None:
-        per_block = isinstance(state, list) and nblocks is not None and len(state) == nblocks
-    if per_block and not isinstance(state, list):
-        raise TypeError("per-block state must be a list with one array per block of data")
-    channel = IterationChannel(client)
+    tracker = GTracker(client) if own else tracker
+    channel = IterationChannel(tracker.client)
     algo = _DeltaIteration(step, data, tol, block_tol, per_block, int(max_iter), tracker, channel)
-    start = {"state": list(state) if per_block else state,
-             "active": np.ones(len(state), dtype=bool) if per_block else None, "converged": False}
+    start = _DeltaState(list(state) if per_block else state, np.ones(len(state), dtype=bool) if per_block else None)
     try:
         tracker.activate()
-        res = run_loop(algo, {}, start, client=client, mode="client",
+        res = run_loop(algo, {}, start, client=tracker.client, mode="client",
                        progress=progress or Progress(verbose=verbose, callback=callback, total=max_iter,
                                                      desc="iterate"))
     finally:
         channel.close()
         if own:
             tracker.close()
-    return IterateResult(state=res.state["state"], n_iter=res.iterations, converged=res.state["converged"],
+    return IterateResult(state=res.state.state, n_iter=res.iterations, converged=res.state.converged,
                          history=res.history)
+
+
+def _check_limits(max_iter: int, tol: Any) -> None:
+    if max_iter < 1:
+        raise ValueError(f"max_iter must be >= 1, got {max_iter}")
+    if not callable(tol) and tol < 0:
+        raise ValueError(f"tol must be >= 0, got {tol}")
+
+
+def _is_per_block(state: Any, data: Any, per_block: bool | None) -> bool:
+    """Whether ``state`` is one array per block of ``data`` (``per_block``, else guessed)."""
+    nblocks = getattr(data, "nblocks", None)
+    if per_block is None:
+        per_block = isinstance(state, list) and nblocks is not None and len(state) == nblocks
+    if per_block and not isinstance(state, list):
+        raise TypeError("per-block state must be a list with one array per block of data")
+    return per_block
+
+
+@dataclass(frozen=True)
+class _DeltaState:
+    """The delta iteration's loop state: the user's ``state``, which blocks are ``active`` (per-block
+    state; None otherwise) and whether the loop ``converged``."""
+
+    state: Any
+    active: np.ndarray | None
+    converged: bool = False
 
 
 class _DeltaIteration(IterativeAlgorithm):
@@ -236,40 +255,49 @@ class _DeltaIteration(IterativeAlgorithm):
         self.block_tol = block_tol
         self.tracker, self.channel = tracker, channel
 
-    def run(self, st: dict, ctx: Any) -> dict:
-        tracker, channel = self.tracker, self.channel
-        state, active = st["state"], st["active"]
+    def _publish(self, state: Any) -> Any:
+        """The state's references on the channel (one per block, per key, or one)."""
+        if self.per_block:
+            return self.channel.publish_blocks("state", state)
+        if isinstance(state, dict):
+            return {k: self.channel.publish(str(k), v) for k, v in state.items()}
+        return self.channel.publish("state", state)
+
+    def _update(self, state: Any, new: Any, tol_now: float) -> tuple[Any, np.ndarray | None, float]:
+        """``(next state, active blocks or None, total L1 change)``: per-block state keeps the previous
+        value of every block that moved by at most the block tolerance."""
+        if not self.per_block:
+            return new, None, _change(state, new)
+        btol = tol_now / max(len(state), 1) if self.block_tol is None else float(self.block_tol)
+        if len(new) != len(state):
+            raise ValueError(f"step returned {len(new)} blocks of state, expected {len(state)}")
+        changes = np.array([_l1(o, n) for o, n in zip(state, new)])
+        active = changes > btol
+        return [n if a else o for o, n, a in zip(state, new, active)], active, float(changes.sum())
+
+    def _record(self, runs: list[dict], v0: int, t0: float, change: float, active: np.ndarray | None) -> dict:
+        """An iteration's record fields: its change and what the tracker and the channel did."""
+        return dict(change=change, active_blocks=None if active is None else int(active.sum()),
+                    **{k: sum(r[k] for r in runs) for k in ("submitted", "executed", "reused", "bytes_reused")},
+                    executed_by_prefix=dict(sum((Counter(r["executed_by_prefix"]) for r in runs), Counter())),
+                    channel_bytes=self.channel.bytes_sent(v0), step_seconds=time.perf_counter() - t0)
+
+    def run(self, st: _DeltaState, ctx: Any) -> _DeltaState:
+        tracker = self.tracker
+        state, active = st.state, st.active
         while ctx.iteration < self.max_iter:
             t0 = time.perf_counter()
-            v0 = channel.version
+            v0 = self.channel.version
             h0 = len(tracker.history)
-            if self.per_block:
-                refs = channel.publish_blocks("state", state)
-            elif isinstance(state, dict):
-                refs = {k: channel.publish(str(k), v) for k, v in state.items()}
-            else:
-                refs = channel.publish("state", state)
-            ictx = IterationContext(ctx.iteration, refs, None if active is None else active.copy(), tracker, channel)
+            refs = self._publish(state)
+            ictx = IterationContext(ctx.iteration, refs, None if active is None else active.copy(), tracker,
+                                    self.channel)
             new = self.step(self.data, state, ictx)
             tol_now = float(self.tol_of(state))
-            if self.per_block:
-                btol = tol_now / max(len(state), 1) if self.block_tol is None else float(self.block_tol)
-                if len(new) != len(state):
-                    raise ValueError(f"step returned {len(new)} blocks of state, expected {len(state)}")
-                changes = np.array([_l1(o, n) for o, n in zip(state, new)])
-                active = changes > btol
-                state = [n if a else o for o, n, a in zip(state, new, active)]
-                change = float(changes.sum())
-            else:
-                change = _change(state, new)
-                state = new
-            runs = tracker.history[h0:]
+            state, active, change = self._update(state, new, tol_now)
             converged = change <= tol_now
-            ctx.checkpoint({"state": state, "active": active, "converged": converged},
-                           change=change, active_blocks=None if active is None else int(active.sum()),
-                           **{k: sum(r[k] for r in runs) for k in ("submitted", "executed", "reused", "bytes_reused")},
-                           executed_by_prefix=dict(sum((Counter(r["executed_by_prefix"]) for r in runs), Counter())),
-                           channel_bytes=channel.bytes_sent(v0), step_seconds=time.perf_counter() - t0)
+            ctx.checkpoint(_DeltaState(state, active, converged),
+                           **self._record(tracker.history[h0:], v0, t0, change, active))
             if converged:
-                return {"state": state, "active": active, "converged": True}
-        return {"state": state, "active": active, "converged": False}
+                return _DeltaState(state, active, True)
+        return _DeltaState(state, active, False)

@@ -17,10 +17,13 @@ e.g. for logs of batch jobs.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import sys
 import time
 from typing import Any, Callable
+
+from dask.utils import format_bytes
 
 from gdask import config
 
@@ -51,8 +54,6 @@ def format_record(record: dict, desc: str = "fit") -> str:
 
 
 def _bytes(n: float) -> str:
-    from dask.utils import format_bytes
-
     return format_bytes(int(n))
 
 
@@ -81,8 +82,6 @@ def summary(records: list[dict], desc: str = "fit", elapsed: float | None = None
 
 def _widgets_usable() -> bool:
     """Whether tqdm.auto would draw a widget: in an IPython kernel with ipywidgets installed."""
-    import importlib.util
-
     return "ipykernel" in sys.modules and importlib.util.find_spec("ipywidgets") is not None
 
 
@@ -156,6 +155,7 @@ class Progress:
 
     def _make_bar(self) -> Any:
         try:
+            # imported when a bar is first drawn: which tqdm depends on where the fit runs
             if _widgets_usable():  # Jupyter with ipywidgets: tqdm's widget bar
                 from tqdm.auto import tqdm
             else:  # terminals, and notebooks without ipywidgets: a text bar (no "IProgress not found" warning)

@@ -1,92 +1,17 @@
-"""HTML repr of a GDataSet for Jupyter: shape, layout, and where each block lives."""
+"""HTML repr of a GDataSet for Jupyter: shape, layout, and where each block lives (asked through
+:func:`gdask.gdataset.locality.block_status`)."""
 
 from __future__ import annotations
 
 import html
-import logging
 from typing import Any
 
 import numpy as np
 from dask.utils import format_bytes
 
-from gdask import config
-from gdask._compat import run_async
+from gdask.gdataset.locality import block_status
 
-logger = logging.getLogger("gdask.gdataset")
-
-
-def persisted_futures(x) -> list | None:
-    """The futures of ``x``'s blocks when every block is held in cluster memory, else ``None``."""
-    try:
-        from distributed import futures_of
-    except ImportError:
-        return None
-    futures = futures_of(x)
-    keys = set(x.__dask_keys__())
-    if len(futures) < len(keys) or not all(f.key in keys for f in futures):
-        return None  # not (only) persisted blocks
-    return futures
-
-
-def groups_of(where: tuple[dict[int, str], dict[str, int]] | None, nblocks: int) -> list[list[int]] | None:
-    """:meth:`GDataSet.block_groups` from :func:`block_workers`'s answer ``where``."""
-    if where is None or len(where[0]) != nblocks:
-        return None
-    workers, nthreads = where
-    groups: list[list[int]] = []
-    for addr in sorted(set(workers.values())):
-        mine = sorted(i for i, w in workers.items() if w == addr)
-        t = max(1, min(nthreads.get(addr, 1), len(mine)))
-        groups.extend(mine[j::t] for j in range(t))
-    return groups
-
-
-def default_client_or_none() -> Any:
-    """The current Dask client, or None (no client, or distributed not installed)."""
-    try:
-        from distributed import default_client
-
-        return default_client()
-    except (ImportError, ValueError):
-        return None
-
-
-def block_workers(x, client=None, wait_ready: bool = False) -> tuple[dict[int, str], dict[str, int]] | None:
-    """``({block index: worker address}, {worker address: nthreads})`` for the blocks of ``x`` held
-    in cluster memory (first holder of each), or ``None`` without a client or persisted blocks.
-    ``wait_ready`` waits for blocks still being computed by ``persist``."""
-    client = client if client is not None else default_client_or_none()
-    if client is None:
-        return None
-    from distributed import wait
-
-    futures = persisted_futures(x)
-    if futures is None:
-        return None
-    index = {k: i for i, k in enumerate(x.__dask_keys__())}
-    keys = [f.key for f in futures]
-
-    async def ask():  # both questions in one round trip
-        import asyncio
-
-        return await asyncio.gather(client.scheduler.who_has(keys=keys), client.scheduler.ncores())
-
-    if wait_ready:
-        limit = float(config.get("timeouts.blocks", 600))
-        try:
-            wait(futures, timeout=limit)
-        except TimeoutError:
-            raise TimeoutError(f"the persisted blocks of {x.name} were not all computed within {limit:g} s "
-                               "(gdask.timeouts.blocks)") from None
-        failed = next((f for f in futures if f.status == "error"), None)
-        if failed is not None:  # a block could not be made: say why, rather than "not persisted"
-            raise failed.exception()
-    try:
-        who, nthreads = client.sync(ask)
-    except OSError:  # the scheduler is gone: treat as not persisted
-        return None
-    workers = {index[k]: sorted(addrs)[0] for k, addrs in who.items() if k in index and addrs}
-    return workers, {addr: int(n) for addr, n in nthreads.items()}
+__all__ = ["gdataset_html"]
 
 
 #: seconds a repr waits for blocks that ``persist()`` is still computing (then shows them as computing)
@@ -95,80 +20,6 @@ REPR_WAIT = 5.0
 #: one colour per device (worker), in worker-name order
 _PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#eeca3b", "#b279a2", "#ff9da6", "#9d755d",
             "#bab0ac")
-
-
-def _tiers_on_worker(keys: list, dask_worker: Any = None) -> list[str | None]:
-    """(on a worker) The window-store tier of each key it holds (``device``, ``host``, ``disk``,
-    ``in-flight``), or None for a plain store / a plain value."""
-    from gdask.window_cache import worker_store
-
-    store = worker_store(dask_worker)
-    out = []
-    for k in keys:
-        k = tuple(k) if isinstance(k, list) else k
-        st = store.state(k) if store is not None else None
-        out.append(None if st is None else str(getattr(st, "value", st)))
-    return out
-
-
-def block_status(x: Any, wait: float = REPR_WAIT) -> dict[int, dict[str, Any]] | None:
-    """Where each block of ``x`` is: ``{index: {"worker", "name", "tier"}}``, blocks still being
-    computed as ``{"worker": None, "tier": "computing"}``; None when ``x`` is not persisted or there
-    is no client. Waits at most ``wait`` seconds for blocks still landing after ``persist()``, and
-    asks the scheduler and the holding workers once each (a repr must not block a notebook)."""
-    client = default_client_or_none()
-    if client is None:
-        return None
-    from distributed import wait as dwait
-    from distributed.utils import TimeoutError as DTimeout
-
-    futures = persisted_futures(x)
-    if futures is None:
-        return None
-    try:
-        dwait(futures, timeout=wait)
-    except (DTimeout, TimeoutError):
-        pass  # some blocks are still computing: shown as such
-    index = {k: i for i, k in enumerate(x.__dask_keys__())}
-    try:
-        who = client.who_has(futures)
-        info = client.scheduler_info(n_workers=-1)["workers"]
-    except Exception as e:  # noqa: BLE001 - a repr must never raise: no scheduler, shown as not persisted
-        logger.debug("GDataSet repr: could not ask where the blocks are: %r", e)
-        return None
-    names = {addr: str(w.get("name", addr)) for addr, w in info.items()}
-    out: dict[int, dict[str, Any]] = {i: {"worker": None, "name": None, "tier": "computing"} for i in index.values()}
-    by_worker: dict[str, list] = {}
-    for k, addrs in who.items():
-        if k in index and addrs:
-            addr = sorted(addrs)[0]
-            out[index[k]] = {"worker": addr, "name": names.get(addr, addr), "tier": None}
-            by_worker.setdefault(addr, []).append(k)
-    try:  # the tier of each block in its worker's window store (one round trip, all workers at once)
-        async def ask():
-            import asyncio
-
-            return await asyncio.wait_for(asyncio.gather(*[
-                run_async(client, _tiers_on_worker, ks, workers=[a], on_error="return")
-                for a, ks in by_worker.items()]),
-                timeout=wait)
-
-        for (addr, ks), res in zip(by_worker.items(), client.sync(ask) if by_worker else []):
-            tiers = res.get(addr) if isinstance(res, dict) else None
-            if isinstance(tiers, list):
-                for k, t in zip(ks, tiers):
-                    out[index[k]]["tier"] = t
-    except Exception as e:  # noqa: BLE001 - tiers are a nicety: the diagram shows devices without them
-        logger.debug("GDataSet repr: could not ask the workers for the blocks' tiers: %r", e)
-    return out
-
-
-def block_locations(x) -> dict[int, str]:
-    """Block index -> worker name for blocks held in cluster memory (empty if not persisted)."""
-    where = block_status(x)
-    if not where:
-        return {}
-    return {i: w["name"] for i, w in where.items() if w["name"] is not None}
 
 
 def _diagram(x: Any, where: dict[int, dict[str, Any]] | None, colors: dict[str, str], width: int = 560) -> str:
@@ -226,7 +77,8 @@ def _persisted_state(where: dict[int, dict[str, Any]] | None, n: int) -> str:
 
 
 def gdataset_html(x: Any) -> str:
-    where = block_status(x)
+    """The HTML repr of ``x`` (its blocks' places asked once, waiting at most :data:`REPR_WAIT` s)."""
+    where = block_status(x, wait=REPR_WAIT)
     workers = sorted({w["worker"] for w in (where or {}).values() if w["worker"] is not None},
                      key=lambda a: next((w["name"] for w in where.values() if w["worker"] == a), a))
     colors = {a: _PALETTE[i % len(_PALETTE)] for i, a in enumerate(workers)}

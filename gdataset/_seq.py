@@ -1,4 +1,4 @@
-"""Sequence blocks (``(n, T, f)`` data blocked along ``n``) and row selection.
+"""The layout of sequence blocks (``(n, T, f)`` data blocked along ``n``), and the block side of row selection.
 
 A 3-D GDataSet holds ``n`` sequences of ``T`` steps of ``f`` features, blocked along ``n``. Inside a
 block the memory is *time-major*, ``(T, rows, f)`` C-contiguous, the layout cuDNN's (and
@@ -8,8 +8,9 @@ order, ``(rows, T, f)``, as a strided view of that memory (as 2-D blocks are For
 so indexing, broadcasting and reductions read as for NumPy data, and :func:`time_major` gives the
 ``(T, rows, f)`` C-contiguous array without a copy.
 
-Row selection (``X[rows]``) keeps every selected row in its block: blocks stay where they are (no
-transfer between devices), and blocks left without rows are dropped.
+Row selection (``X[rows]``, built in :mod:`gdask.gdataset._core` from :func:`row_index` and
+:func:`take_rows`) keeps every selected row in its block: blocks stay where they are (no transfer
+between devices), and blocks left without rows are dropped.
 """
 
 from __future__ import annotations
@@ -18,13 +19,10 @@ import numbers
 from typing import Any
 
 import numpy as np
-from dask.base import tokenize
-from dask.highlevelgraph import HighLevelGraph
-from dask.task_spec import Task, TaskRef
 
-from gdask.devices import array_namespace, current_device, is_strict
+from gdask.devices import array_module, array_namespace, asarray_like, current_device, is_strict, to_numpy
 
-__all__ = ["is_time_major", "select_rows", "take_rows", "time_major", "to_device", "to_time_major"]
+__all__ = ["is_time_major", "row_index", "take_rows", "time_major", "to_device", "to_time_major"]
 
 
 def time_major(b: Any) -> Any:
@@ -43,14 +41,12 @@ def is_time_major(b: Any) -> bool:
     return is_strict(b) or bool(b.transpose(1, 0, 2).flags.c_contiguous)
 
 
-def to_time_major(b: Any, xp: Any = None) -> Any:
-    """``b`` (a ``(rows, T, f)`` array) in the time-major layout: ``b`` itself when it is, else a copy."""
+def to_time_major(b: Any) -> Any:
+    """``b`` (a ``(rows, T, f)`` array) in the time-major layout: ``b`` itself when it is, else a copy
+    made by ``b``'s own array module."""
     if is_time_major(b):
         return b
-    import numpy
-
-    mod = numpy if isinstance(b, numpy.ndarray) else __import__(type(b).__module__.split(".")[0])
-    return mod.ascontiguousarray(b.transpose(1, 0, 2)).transpose(1, 0, 2)
+    return array_module(b).ascontiguousarray(b.transpose(1, 0, 2)).transpose(1, 0, 2)
 
 
 def to_device(chunk: Any) -> Any:
@@ -64,8 +60,6 @@ def to_device(chunk: Any) -> Any:
 
 def take_rows(b: Any, rows: Any) -> Any:
     """Rows ``rows`` (block-local indices) of a block, in the block's layout."""
-    from gdask.devices import asarray_like
-
     xp = array_namespace(b)
     rows = asarray_like(rows, b)
     if b.ndim == 3:  # (T, rows, f) in, (T, rows, f) out: the time-major layout stays
@@ -75,7 +69,7 @@ def take_rows(b: Any, rows: Any) -> Any:
     return xp.take(b, rows, axis=0)
 
 
-def _row_index(index: Any, n: int) -> np.ndarray:
+def row_index(index: Any, n: int) -> np.ndarray:
     """Sorted global row numbers (int64) from a slice, integer or boolean array, or list."""
     if isinstance(index, slice):
         start, stop, step = index.indices(n)
@@ -88,8 +82,6 @@ def _row_index(index: Any, n: int) -> np.ndarray:
     if hasattr(index, "__dask_graph__"):
         raise TypeError("GDataSet row selection needs in-memory indices (NumPy array, list, slice); compute a "
                         "lazy mask first, e.g. X[np.asarray(mask.compute())]")
-    from gdask.devices import to_numpy
-
     idx = to_numpy(index) if not isinstance(index, (list, tuple)) else np.asarray(index)
     if idx.dtype == bool:
         if idx.shape != (n,):
@@ -106,28 +98,3 @@ def _row_index(index: Any, n: int) -> np.ndarray:
         raise ValueError("row indices must be in ascending order: the selected rows stay in their blocks, so "
                          "a GDataSet keeps row order; pass np.sort(rows)")
     return idx
-
-
-def select_rows(x: Any, index: Any) -> Any:
-    """``x[index]`` along the rows: a GDataSet with the selected rows, each left in its block
-    (blocks without selected rows are dropped); see :meth:`GDataSet.__getitem__`."""
-    from gdask.gdataset import _blocks
-    from gdask.gdataset._core import GDataSet, device_layer
-
-    n = x.shape[0]
-    rows = _row_index(index, n)
-    if rows.size == 0:
-        raise IndexError("the row selection selects no rows; a GDataSet cannot be empty")
-    bounds = np.asarray((*x.block_offsets, n), dtype=np.int64)
-    cuts = np.searchsorted(rows, bounds, side="left")
-    name = f"rows-{tokenize(x.name, rows)}"
-    layer, sizes = {}, []
-    for i in range(x.nblocks):
-        local = rows[cuts[i]:cuts[i + 1]] - bounds[i]
-        if local.size == 0:
-            continue
-        key = (name, len(sizes))
-        layer[key] = Task(key, _blocks.block_op, take_rows, TaskRef((x.name, i)), local)
-        sizes.append(int(local.size))
-    graph = HighLevelGraph.from_collections(name, device_layer(layer, "block"), dependencies=[x])
-    return GDataSet(graph, name, sizes, x.ncols, x.dtype, x.backend, x.columns)

@@ -12,6 +12,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from distributed import get_client
+
+from gdask.scheduling import current_job, job
+
 __all__ = ["DeviceShare", "device_share"]
 
 
@@ -50,13 +54,9 @@ def device_share(share: DeviceShare | None) -> Iterator[Any]:
     if share is None or not share.requested:
         yield None
         return
-    from gdask.scheduling import current_job, job
-
     client = None
     if current_job() is None:
         try:
-            from distributed import get_client
-
             client = get_client()
         except ValueError:
             client = None

@@ -13,8 +13,9 @@ Fusion must not destroy reuse: while a tracker is active, dask.array and dask.de
 only culled, not fused (fusion renames the intermediate keys and merges static and changing work
 into one task), so every block task keeps its own fingerprint.
 
-What ran is counted from the scheduler (a small SchedulerPlugin records processing->memory
-transitions), not from what the tracker intended.
+What ran is counted from the scheduler (:class:`gdask.scheduling.ExecutionLogPlugin` records
+processing->memory transitions; :class:`ExecutionLog` reads them through its scheduler handler), not
+from what the tracker intended.
 """
 
 from __future__ import annotations
@@ -25,18 +26,20 @@ from typing import Any, Iterable
 
 import dask
 import dask.threaded
+from dask._task_spec import convert_legacy_graph
 from dask.base import tokenize
 from dask.core import flatten
+from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Alias, DataNode, Task, TaskRef
 from dask.utils import key_split, parse_bytes
-from distributed import wait
+from distributed import default_client, get_client, wait
 
 from gdask import config, protocol
 from gdask.gdataset._cachepolicy import ReusePolicy
+from gdask.scheduling import ExecutionLogPlugin, ensure_plugins
 
 __all__ = ["GTracker", "incremental", "ExecutionLog", "active_tracker", "tracked_get"]
 
-_PLUGIN_NAME = protocol.PLUGIN_EXECUTION_LOG
 _ACTIVE: list[GTracker] = []
 
 
@@ -58,60 +61,10 @@ def tracked_get(dsk: Any, keys: Any, **kwargs: Any) -> Any:
     if tracker is not None:
         return tracker.get(dsk, keys, **kwargs)
     try:
-        from distributed import get_client
-
         client = get_client()
-    except (ImportError, ValueError):
+    except ValueError:
         return dask.threaded.get(dsk, keys, **kwargs)
     return client.get(dsk, keys, **kwargs)
-
-
-# -- scheduler side: what actually ran -----------------------------------------------------------
-try:
-    from distributed.diagnostics.plugin import SchedulerPlugin as _SchedulerPluginBase
-except ImportError:  # pragma: no cover - distributed is a dependency
-    _SchedulerPluginBase = object  # type: ignore[misc,assignment]
-
-
-class _ExecutionLogPlugin(_SchedulerPluginBase):  # type: ignore[misc]
-    """Records keys that went processing -> memory (i.e. were computed) with their sizes."""
-
-    name = _PLUGIN_NAME
-    _limit = 500_000
-
-    def __init__(self) -> None:
-        self.executed: dict[Any, int] = {}
-
-    def transition(self, key, start, finish, *args, **kwargs):
-        if start == "processing" and finish == "memory":
-            self.executed[key] = int(kwargs.get("nbytes") or 0)
-            if len(self.executed) > self._limit:  # bounded: forget the oldest records
-                for k in list(self.executed)[: self._limit // 2]:
-                    del self.executed[k]
-
-
-def _pop_executed(keys=None, sizes=None, dask_scheduler=None):
-    """(on the scheduler) ``({key: nbytes} of recorded executions popped for keys, {key: nbytes} of
-    keys in ``sizes`` currently in memory)``; ``keys=None`` pops everything."""
-    plugin = dask_scheduler.plugins.get(_PLUGIN_NAME)
-    done: dict = {}
-    if plugin is not None:
-        if keys is None:
-            done, plugin.executed = plugin.executed, {}
-        else:
-            for k in keys:
-                if k in plugin.executed:
-                    done[k] = plugin.executed.pop(k)
-    mem = {}
-    for k in sizes or ():
-        ts = dask_scheduler.tasks.get(k)
-        if ts is not None and ts.state == "memory":
-            mem[k] = int(ts.nbytes) if ts.nbytes and ts.nbytes > 0 else 0
-    return done, mem
-
-
-def _has_plugin(dask_scheduler=None):
-    return _PLUGIN_NAME in dask_scheduler.plugins
 
 
 class ExecutionLog:
@@ -126,15 +79,18 @@ class ExecutionLog:
 
     def __init__(self, client: Any) -> None:
         self.client = client
-        if not client.run_on_scheduler(_has_plugin):
-            client.register_plugin(_ExecutionLogPlugin(), name=_PLUGIN_NAME)
+        ensure_plugins(client, extra=(ExecutionLogPlugin(),), standard=False)
 
     def pop(self, keys: Iterable[Any] | None = None, sizes: Iterable[Any] = ()) -> dict[Any, int]:
         """Executed ``{key: nbytes}`` recorded since the last pop (of these keys, or all)."""
         return self.pop_with_sizes(keys, sizes)[0]
 
-    def pop_with_sizes(self, keys, sizes) -> tuple[dict, dict]:
-        return self.client.run_on_scheduler(_pop_executed, None if keys is None else list(keys), list(sizes))
+    def pop_with_sizes(self, keys: Iterable[Any] | None, sizes: Iterable[Any]) -> tuple[dict, dict]:
+        """``({key: nbytes} executed, popped for ``keys`` (all when None), {key: nbytes} of the keys in
+        ``sizes`` in memory now)``, in one round trip to the scheduler's execution log."""
+        done, mem = self.client.sync(getattr(self.client.scheduler, protocol.HANDLER_EXECUTION_LOG),
+                                     keys=None if keys is None else list(keys), sizes=list(sizes))
+        return dict(done), dict(mem)
 
 
 # -- fingerprints --------------------------------------------------------------------------------
@@ -192,8 +148,6 @@ def _toposort(dsk: dict) -> list:
 def _cull_only(dsk, keys, **kwargs):
     """Optimizer used while tracking: cull, never fuse (fusion renames keys and merges static and
     changing work, which destroys reuse)."""
-    from dask.highlevelgraph import HighLevelGraph
-
     keys = list(flatten(keys)) if isinstance(keys, list) else [keys]
     if isinstance(dsk, HighLevelGraph):
         return dsk.cull(set(keys))
@@ -201,8 +155,6 @@ def _cull_only(dsk, keys, **kwargs):
 
 
 def _materialize(expr: Any) -> dict:
-    from dask._task_spec import convert_legacy_graph
-
     dsk = expr.__dask_graph__() if hasattr(expr, "__dask_graph__") else expr
     return convert_legacy_graph(dict(dsk))
 
@@ -226,8 +178,6 @@ class GTracker:
     def __init__(self, client: Any = None, *, max_bytes: int | str | None = None, max_idle: int | None = None,
                  enabled: bool = True) -> None:
         if client is None:
-            from distributed import default_client
-
             client = default_client()
         self.client = client
         if max_bytes is None:

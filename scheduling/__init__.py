@@ -1,7 +1,8 @@
 """Device-aware scheduling: pure policies (placement, block mapping, streams, sharing, topology) and
 their thin Dask adapters, one module per process side:
 
-* scheduler: :class:`GPUPlacement` (task placement), :class:`JobScheduler` (device shares);
+* scheduler: :class:`GPUPlacement` (task placement), :class:`JobScheduler` (device shares),
+  :class:`ExecutionLogPlugin` (which tasks ran, for reuse accounting);
 * worker: :class:`DeviceSetup` (the worker's device, streams, state and metrics), :class:`JobMonitor`;
 * client: :func:`ensure_plugins`, :func:`job` / :func:`jobs`, :func:`device_table`, :func:`report_work`.
 
@@ -45,6 +46,7 @@ from gdask.scheduling._sharing import (
 )
 from gdask.scheduling._streams import StreamController
 from gdask.scheduling._topology import Topology, link_rank
+from gdask.scheduling._tracker_plugin import ExecutionLogPlugin
 from gdask.scheduling._worker import (
     DeviceReporter,
     DeviceSetup,
@@ -59,7 +61,8 @@ from gdask.scheduling._worker_jobs import JobMonitor
 
 __all__ = [
     "report_work",
-    "DeviceCapacity", "DeviceReporter", "DeviceSetup", "DurationModel", "EarliestFinish", "GPUPlacement",
+    "DeviceCapacity", "DeviceReporter", "DeviceSetup", "DurationModel", "EarliestFinish", "ExecutionLogPlugin",
+    "GPUPlacement",
     "InterferenceModel", "Job", "JobMonitor", "JobProfile", "JobRequest", "JobScheduler", "Placement",
     "ShareError", "ShareExceededError", "ShareLedger", "StreamController", "StreamSettings",
     "StreamThreadPoolExecutor", "Topology", "current_job", "dask_setup", "device_info", "device_rows",

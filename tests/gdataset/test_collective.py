@@ -1,4 +1,4 @@
-"""Loops on the workers (gdask.gdataset._collective): one task per worker, all-gathers between them."""
+"""Loops on the workers (gdask.gdataset.collective): one task per worker, all-gathers between them."""
 
 import os
 import time
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster
 
-from gdask.gdataset._collective import CollectiveError, run_on_workers
+from gdask.gdataset.collective import CollectiveError, run_on_workers
 
 
 def _gather_steps(comm, value, steps):

@@ -167,7 +167,7 @@ def test_reduce_groups_and_block_groups(data, bclient):
     groups = P.block_groups()
     assert groups is not None and sorted(i for g in groups for i in g) == list(range(P.nblocks))
     # every group's blocks are held by one worker
-    from gdask.gdataset._repr import block_workers
+    from gdask.gdataset import block_workers
 
     where, _ = block_workers(P)
     assert all(len({where[i] for i in g}) == 1 for g in groups)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import gdask
-from gdask.gdataset import _engine
+from gdask.gdataset.engine import _worker as engine_worker
 from gdask.ml import KMeans, kernels
 
 
@@ -98,9 +98,9 @@ def test_a_failing_loop_on_the_workers_resumes_from_the_client(client, data, cap
         algorithm.__class__ = Stop
         return _engine_driver(comm, algorithm, *args)
 
-    _engine_driver = _engine._driver_on_worker
+    _engine_driver = engine_worker.driver_on_worker
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_engine, "_driver_on_worker", stop_after_four)
+        mp.setattr(engine_worker, "driver_on_worker", stop_after_four)
         with caplog.at_level(logging.WARNING, logger="gdask.gdataset"):
             km = KMeans(5, init=data[1], max_iter=10, tol=0, algorithm="lloyd").fit(G)
     assert "did not run to its end" in caplog.text and "resuming from the client at iteration 4" in caplog.text

@@ -164,7 +164,7 @@ def _add(parts):
 
 
 def _counts(X, client):
-    from gdask.gdataset._repr import block_workers
+    from gdask.gdataset import block_workers
 
     where, _ = block_workers(X, client, wait_ready=True)
     names = {a: w["name"] for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}

@@ -1,20 +1,8 @@
-"""Loops that run on the workers: one long task per worker, small results exchanged worker to worker.
+"""The worker side of loops on the workers: the mailboxes, their plugin, and the communicator a
+loop's task uses to all-gather with the loop's other tasks.
 
-An iterative fit driven from the client pays, every iteration, for a graph sent to the scheduler,
-tasks sent to the workers, results reported back and gathered by the client: on a small cluster
-that round trip is tens of milliseconds, which late in a K-means fit is longer than the
-iteration's own work. When the data is persisted and fits on the devices, the loop can instead
-run inside one task per worker (the workers that hold the blocks) that exchange their partial
-results directly, as cuML's multi-GPU estimators do with NCCL and xgboost's Dask interface with
-its allreduce: :meth:`Communicator.allgather` is one message from each worker to each other one.
-Every worker then combines the same partials in the same order, so all of them compute the same
-next iterate without the client.
-
-The messages go through a handler that the ``gdask-collective`` worker plugin adds to each worker
-(:func:`gdask.scheduling.ensure_plugins`, once per client). A loop that cannot run this way, because a worker is
-busy with other tasks when it starts, leaves, or raises, ends with :class:`CollectiveError` on the
-client after every task of the loop was told to stop: the caller then runs its ordinary
-graph-per-iteration loop, with the same result.
+The messages go through handlers that the ``gdask-collective`` worker plugin (:class:`CollectivePlugin`)
+adds to each worker; the client side (:func:`gdask.gdataset.collective.run_on_workers`) installs it.
 """
 
 from __future__ import annotations
@@ -23,24 +11,25 @@ import asyncio
 import logging
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
-import dask
-from distributed import WorkerPlugin
+from distributed import WorkerPlugin, get_worker
+from distributed.protocol import to_serialize
 
-from gdask import config, protocol
+from gdask import protocol
 
 logger = logging.getLogger("gdask.gdataset")
 
-__all__ = ["CollectiveError", "CollectivePlugin", "Communicator", "Mailbox", "run_on_workers"]
+__all__ = ["CollectiveError", "CollectivePlugin", "Communicator", "Mailbox", "abort_on_worker", "mailbox",
+           "rank_task"]
 
 _MAX_KEPT = 1024
 
 
 class CollectiveError(RuntimeError):
-    """A loop on the workers could not run to its end (the caller falls back to one graph per step)."""
+    """A loop on the workers could not run to its end (the caller falls back to one graph per step).
+    Raised on the workers (a rank stopped) and on the client (:func:`run_on_workers`)."""
 
 
 def _remember(d: OrderedDict, key: Any, value: Any) -> None:
@@ -110,7 +99,7 @@ class CollectivePlugin(WorkerPlugin):
 
 
 def mailbox(worker: Any) -> Mailbox:
-    """``worker``'s mailbox (the collective plugin must be installed: :func:`run_on_workers` does)."""
+    """``worker``'s mailbox (the collective plugin must be installed: the client's ``run_on_workers`` does)."""
     plugin = worker.plugins.get(protocol.PLUGIN_COLLECTIVE)
     if plugin is None:
         raise CollectiveError(f"worker {worker.address} has no {protocol.PLUGIN_COLLECTIVE!r} plugin")
@@ -132,8 +121,6 @@ class Communicator:
         self.size = len(self.peers)
         self.timeout = timeout
         self._step = 0
-        from distributed import get_worker
-
         self.worker = get_worker()  # the distributed.Worker this task runs on
         self.mailbox = mailbox(self.worker)
 
@@ -148,8 +135,6 @@ class Communicator:
         Raises :class:`CollectiveError` when the loop was aborted (another task failed, or the
         client stopped it) or no value came from some task within ``timeout`` seconds (default
         the communicator's)."""
-        from distributed.protocol import to_serialize
-
         step = self._step
         self._step += 1
         me = self.worker.address
@@ -198,8 +183,10 @@ class Communicator:
                 logger.debug("could not tell %s to stop loop %s: %r", addr, self.token, e)
 
 
-def _task(token: str, rank: int, peers: list[str], start_timeout: float, timeout: float | None,
-          func: Callable[..., Any], *args: Any) -> Any:
+def rank_task(token: str, rank: int, peers: list[str], start_timeout: float, timeout: float | None,
+              func: Callable[..., Any], *args: Any) -> Any:
+    """The task of rank ``rank`` of a loop on the workers: ``func(comm, *args)`` once every rank runs;
+    a rank that fails (or is stopped) tells the others to stop."""
     comm = Communicator(token, rank, peers, timeout)
     try:
         # every task must be running before any waits for another's work: a worker still busy
@@ -213,88 +200,8 @@ def _task(token: str, rank: int, peers: list[str], start_timeout: float, timeout
         comm.mailbox.finish(token, rank)
 
 
-def run_on_workers(client: Any, func: Callable[..., Any], peers: Sequence[str], args: Sequence[tuple],
-                   *, name: str = "loop", poll: float = 0.1, on_poll: Callable[[], None] | None = None,
-                   check_workers: float = 1.0) -> list[Any]:
-    """Run ``func(comm, *args[r])`` as one task per rank ``r`` on worker ``peers[r]``, all at once;
-    their results in rank order.
-
-    ``args`` may hold Dask collections and futures (e.g. persisted blocks): they arrive computed,
-    and blocks already on ``peers[r]`` are not moved. ``on_poll()`` is called in this thread every
-    ``poll`` seconds while the tasks run (e.g. to show progress they send); whether a peer left the
-    cluster is checked every ``check_workers`` seconds. Raises :class:`CollectiveError` if the loop
-    did not run to its end (a task raised, a worker left, or a task could not start within
-    ``gdask.collective.start-timeout``); every task still running is then told to stop.
-    """
-    from distributed import wait
-
-    from gdask.scheduling import ensure_plugins
-
-    ensure_plugins(client, extra=(CollectivePlugin(),), standard=False)
-    start_timeout = float(config.get("collective.start-timeout", 10))
-    timeout = config.get("collective.timeout", 600)
-    timeout = None if timeout is None else float(timeout)
-    token = uuid.uuid4().hex
-    peers = list(peers)
-    futures = []
-    for r, (addr, a) in enumerate(zip(peers, args)):
-        task = dask.delayed(_task, pure=False)(token, r, peers, start_timeout, timeout, func, *a,
-                                               dask_key_name=f"{name}-{token}-{r}")
-        futures.append(client.compute(task, workers=[addr], allow_other_workers=False))
-    next_check = time.monotonic() + check_workers
-    try:
-        while True:
-            try:  # the tasks end together: this returns for the first, and waits for the others next
-                wait([f for f in futures if f.status == "pending"], timeout=poll, return_when="FIRST_COMPLETED")
-            except TimeoutError:
-                pass
-            if on_poll is not None:
-                on_poll()
-            failed = [f for f in futures if f.status in ("error", "cancelled", "lost")]
-            if failed:
-                exc = failed[0].exception() if failed[0].status == "error" else failed[0].status
-                raise CollectiveError(f"{name} on the workers failed: {exc!r}") from (
-                    exc if isinstance(exc, BaseException) else None)
-            if all(f.status == "finished" for f in futures):
-                return _results(futures, start_timeout, name)
-            if time.monotonic() >= next_check:
-                next_check = time.monotonic() + check_workers
-                gone = set(peers) - set(client.scheduler_info(n_workers=-1)["workers"])
-                if gone:
-                    raise CollectiveError(f"{name} on the workers lost worker(s) {sorted(gone)}")
-    except BaseException as e:
-        _stop(client, token, peers, futures, f"stopped by the client: {e!r}")
-        raise
-
-
-def _results(futures: list, timeout: float, name: str) -> list[Any]:
-    """The finished tasks' results, each fetched within ``timeout`` seconds: a result lost with its
-    worker after the task finished cannot come back (the task may run on that worker only), and
-    ``client.gather`` would wait for it forever."""
-    from distributed.client import FutureCancelledError
-
-    out = []
-    for rank, f in enumerate(futures):
-        try:
-            out.append(f.result(timeout=timeout))
-        except (TimeoutError, FutureCancelledError) as e:
-            raise CollectiveError(f"{name} on the workers: the result of rank {rank} was lost with its worker "
-                                  f"({type(e).__name__}; not back within {timeout:g} s)") from None
-    return out
-
-
-def _stop(client: Any, token: str, peers: list[str], futures: list, reason: str) -> None:
-    alive = set(peers)
-    try:
-        alive &= set(client.scheduler_info(n_workers=-1)["workers"])
-        if alive:
-            client.run(_abort_on_worker, token, reason, workers=sorted(alive), on_error="ignore")
-    except Exception as e:  # noqa: BLE001 - the cluster may be going away
-        logger.debug("could not stop loop %s on the workers: %r", token, e)
-    client.cancel(futures)
-
-
-def _abort_on_worker(token: str, reason: str, dask_worker: Any = None) -> None:
+def abort_on_worker(token: str, reason: str, dask_worker: Any = None) -> None:
+    """(on a worker, through ``client.run``) Stop loop ``token``'s ranks on this worker."""
     plugin = dask_worker.plugins.get(protocol.PLUGIN_COLLECTIVE)
     if plugin is not None:
         plugin.mailbox.abort(token, reason)

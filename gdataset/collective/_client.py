@@ -1,0 +1,102 @@
+"""The client side of loops on the workers: start one task per rank, watch them, stop them all.
+
+A loop that cannot run to its end (a task raised, a worker left, or a task could not start because
+its worker is busy) ends with :class:`~gdask.gdataset.collective.CollectiveError` here, after every
+task of the loop was told to stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any, Callable, Sequence
+
+import dask
+from distributed import wait
+from distributed.client import FutureCancelledError
+
+from gdask import config
+from gdask.gdataset.collective._worker import CollectiveError, CollectivePlugin, abort_on_worker, rank_task
+from gdask.scheduling import ensure_plugins
+
+logger = logging.getLogger("gdask.gdataset")
+
+__all__ = ["run_on_workers"]
+
+
+def run_on_workers(client: Any, func: Callable[..., Any], peers: Sequence[str], args: Sequence[tuple],
+                   *, name: str = "loop", poll: float = 0.1, on_poll: Callable[[], None] | None = None,
+                   check_workers: float = 1.0) -> list[Any]:
+    """Run ``func(comm, *args[r])`` as one task per rank ``r`` on worker ``peers[r]``, all at once;
+    their results in rank order.
+
+    ``args`` may hold Dask collections and futures (e.g. persisted blocks): they arrive computed,
+    and blocks already on ``peers[r]`` are not moved. ``on_poll()`` is called in this thread every
+    ``poll`` seconds while the tasks run (e.g. to show progress they send); whether a peer left the
+    cluster is checked every ``check_workers`` seconds. Raises :class:`CollectiveError` if the loop
+    did not run to its end (a task raised, a worker left, or a task could not start within
+    ``gdask.collective.start-timeout``); every task still running is then told to stop.
+    """
+    ensure_plugins(client, extra=(CollectivePlugin(),), standard=False)
+    start_timeout = float(config.get("collective.start-timeout", 10))
+    timeout = config.get("collective.timeout", 600)
+    timeout = None if timeout is None else float(timeout)
+    token = uuid.uuid4().hex
+    peers = list(peers)
+    futures = []
+    for r, (addr, a) in enumerate(zip(peers, args)):
+        task = dask.delayed(rank_task, pure=False)(token, r, peers, start_timeout, timeout, func, *a,
+                                               dask_key_name=f"{name}-{token}-{r}")
+        futures.append(client.compute(task, workers=[addr], allow_other_workers=False))
+    next_check = time.monotonic() + check_workers
+    try:
+        while True:
+            try:  # the tasks end together: this returns for the first, and waits for the others next
+                wait([f for f in futures if f.status == "pending"], timeout=poll, return_when="FIRST_COMPLETED")
+            except TimeoutError:
+                pass
+            if on_poll is not None:
+                on_poll()
+            failed = [f for f in futures if f.status in ("error", "cancelled", "lost")]
+            if failed:
+                exc = failed[0].exception() if failed[0].status == "error" else failed[0].status
+                raise CollectiveError(f"{name} on the workers failed: {exc!r}") from (
+                    exc if isinstance(exc, BaseException) else None)
+            if all(f.status == "finished" for f in futures):
+                return _results(futures, start_timeout, name)
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + check_workers
+                gone = set(peers) - set(client.scheduler_info(n_workers=-1)["workers"])
+                if gone:
+                    raise CollectiveError(f"{name} on the workers lost worker(s) {sorted(gone)}")
+    except BaseException as e:
+        _stop(client, token, peers, futures, f"stopped by the client: {e!r}")
+        raise
+
+
+def _results(futures: list, timeout: float, name: str) -> list[Any]:
+    """The finished tasks' results, each fetched within ``timeout`` seconds: a result lost with its
+    worker after the task finished cannot come back (the task may run on that worker only), and
+    ``client.gather`` would wait for it forever."""
+    out = []
+    for rank, f in enumerate(futures):
+        try:
+            out.append(f.result(timeout=timeout))
+        except (TimeoutError, FutureCancelledError) as e:
+            raise CollectiveError(f"{name} on the workers: the result of rank {rank} was lost with its worker "
+                                  f"({type(e).__name__}; not back within {timeout:g} s)") from None
+    return out
+
+
+def _stop(client: Any, token: str, peers: list[str], futures: list, reason: str) -> None:
+    alive = set(peers)
+    try:
+        alive &= set(client.scheduler_info(n_workers=-1)["workers"])
+        if alive:
+            client.run(abort_on_worker, token, reason, workers=sorted(alive), on_error="ignore")
+    except Exception as e:  # noqa: BLE001 - the cluster may be going away
+        logger.debug("could not stop loop %s on the workers: %r", token, e)
+    client.cancel(futures)
+
+

@@ -1,0 +1,331 @@
+"""The engine on the client: what it finds out before a loop, the driver's context of the client and
+stream modes, and the client's part of a loop on the workers.
+
+* :func:`survey`: persist the datasets, tell whether they fit on the devices, ask where the blocks
+  are (the :class:`~gdask.gdataset.engine._plan.Situation` the mode choice needs).
+* :class:`ClientContext`: a pass is one graph, one task per group of blocks held by a worker thread
+  (``"client"``) or one task per block in alternating scan order through the window cache
+  (``"stream"``); :func:`bounded_compute` waits for it, bounded by ``gdask.timeouts.pass``.
+* :func:`run_workers_loop`: start the ranks of a loop on the workers, relay their checkpoints to
+  the fit's records in this thread, and after a failure find the newest checkpoint a survivor kept.
+* :func:`drop_state`: forget the fit's per-worker state at its end.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import queue
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import dask
+from dask.base import tokenize
+from dask.delayed import Delayed
+from dask.highlevelgraph import HighLevelGraph
+from dask.task_spec import Task
+from distributed import wait
+
+from gdask import config, protocol
+from gdask._compat import run_async, run_sync
+from gdask.gdataset import _blocks
+from gdask.gdataset._core import GDataSet, _Operands, device_layer
+from gdask.gdataset.collective import CollectiveError, run_on_workers
+from gdask.gdataset.engine import _worker
+from gdask.gdataset.engine._api import Blocks, IterativeAlgorithm, LoopContext, pass_name
+from gdask.gdataset.engine._plan import Situation
+from gdask.gdataset.engine._records import Records
+from gdask.gdataset.locality import block_places, default_client_or_none, persisted_futures
+from gdask.scheduling import report_work
+from gdask.window_cache import scan
+from gdask.window_cache import stats as window_stats
+
+logger = logging.getLogger("gdask.gdataset")
+
+__all__ = ["ClientContext", "WorkersOutcome", "bounded_compute", "drop_state", "exceeds_devices", "run_workers_loop",
+           "survey"]
+
+
+# -- before the loop ------------------------------------------------------------------------------------
+def _device_memory(client: Any) -> int:
+    specs = getattr(getattr(client, "cluster", None), "device_specs", None)
+    if specs:  # a LocalGPUCluster in this process knows its devices: no round trip
+        return sum(int(s.memory or 0) for s in specs)
+    workers = client.scheduler_info(n_workers=-1)["workers"].values()
+    return sum(int((w.get("metrics", {}).get(protocol.METRIC_DEVICE) or {}).get("memory") or 0) for w in workers)
+
+
+def exceeds_devices(nbytes: int, client: Any = None, fraction: float = 0.8) -> bool:
+    """Whether ``nbytes`` of data take more than ``fraction`` of the client's devices' memory (then
+    loops stream their blocks through the window cache, one task per block).
+
+    Parameters
+    ----------
+    nbytes : int
+    client : distributed.Client, optional
+        Default: the current client; without one, False.
+    fraction : float
+        Of the devices' memory, the part data may take.
+
+    Returns
+    -------
+    bool
+    """
+    client = client if client is not None else default_client_or_none()
+    if client is None:
+        return False
+    total = _device_memory(client)
+    return total > 0 and nbytes > fraction * total
+
+
+def survey(datasets: dict[str, GDataSet | None], client: Any, workers_only: bool
+           ) -> tuple[dict[str, GDataSet | None], Situation]:
+    """The datasets as the loop will use them (persisted, with a Client) and the :class:`Situation`
+    of the mode choice: whether they fit on the devices, and where their blocks are (asked, waiting
+    for blocks still being persisted, unless the data streams for an algorithm that can leave the
+    workers)."""
+    ref = next((g for g in datasets.values() if g is not None), None)
+    worker_loop = bool(config.get("ml.worker-loop", True))
+    if client is None or ref is None:
+        return datasets, Situation(client is not None, ref is not None, 0 if ref is None else ref.nblocks,
+                                   worker_loop=worker_loop)
+    datasets = {n: (g if g is None or persisted_futures(g) is not None else g.persist()) for n, g in datasets.items()}
+    ref = next(g for g in datasets.values() if g is not None)  # the persisted blocks (for their places)
+    streaming = exceeds_devices(sum(g.nbytes for g in datasets.values() if g is not None), client)
+    # a workers-only driver reads data larger than the devices through the window cache, where it is
+    places = block_places(ref, client, wait_ready=True) if not streaming or workers_only else None
+    return datasets, Situation(True, True, ref.nblocks, streaming, places, worker_loop)
+
+
+# -- from the client (and streaming) ----------------------------------------------------------------
+def bounded_compute(collections: Sequence[Any], what: str) -> tuple:
+    """``dask.compute(*collections)``, waiting at most config ``gdask.timeouts.pass`` seconds for a
+    Client's cluster (else :class:`TimeoutError` naming ``what`` and the setting; the pass's tasks
+    are cancelled). Without a Client: Dask's local scheduler."""
+    client = default_client_or_none()
+    if client is None:
+        return dask.compute(*collections)
+    limit = float(config.get("timeouts.pass", 3600))
+    futures = client.compute(list(collections))
+    try:
+        wait(futures, timeout=limit)
+    except TimeoutError:
+        client.cancel(futures)
+        raise TimeoutError(f"{what} did not finish within {limit:g} s (gdask.timeouts.pass)") from None
+    return tuple(client.gather(futures))
+
+
+def _window_bytes_h2d() -> int | None:
+    """Bytes the workers' window stores copied to their devices so far (one round trip), or None."""
+    client = default_client_or_none()
+    if client is None:
+        return None
+    try:
+        return int(window_stats(client)["bytes_h2d"])
+    except Exception as e:  # noqa: BLE001 - progress must not end a fit: the record just lacks the field
+        logger.debug("could not read the window stores' transfer counters: %r", e)
+        return None
+
+
+class ClientContext(LoopContext):
+    """A driver's context from the client: one graph per pass (``stream``: one task per block)."""
+
+    def __init__(self, data: dict[str, GDataSet | None], groups: list[list[int]] | None, token: str,
+                 iteration: int, progress: Callable[[Any, dict], None], stream: bool = False) -> None:
+        ref = next((g for g in data.values() if g is not None), None)
+        super().__init__(list(data), 0 if ref is None else ref.nblocks, token, iteration)
+        self.datasets = data
+        self.ref = ref
+        self.groups = groups or [[b] for b in range(self.nblocks)]
+        self.stream = stream
+        self.mode = "stream" if stream else "client"
+        self._progress = progress
+        self._t0 = time.perf_counter()
+        self._passes = 0
+        self._moved = _window_bytes_h2d() if stream else None
+
+    def _resolve(self, a: Any) -> Any:
+        return self.datasets[a.name] if isinstance(a, Blocks) else a
+
+    def _graph(self, func, args, kwargs, groups, prefix) -> list[Delayed]:
+        """One task per group: ``func`` over each of its blocks, the results in block order."""
+        ops = _Operands(self.ref, args)
+        token = tokenize(func, *ops.tokens(), kwargs, groups, self.token)
+        part = f"{prefix}-{token}"
+        layer = dict(ops.graph)
+        for gi, g in enumerate(groups):
+            flat = [a for b in g for a in ops.block_args(b)]
+            layer[(part, gi)] = Task((part, gi), _blocks.group_map_op, func, len(flat) // len(g), *flat, **kwargs)
+        graph = HighLevelGraph.from_collections(part, device_layer(layer, "reduce"), dependencies=ops.deps)
+        return [Delayed((part, gi), graph, layer=part) for gi in range(len(groups))]
+
+    def map(self, func, *args, blocks=None, name=None, **kwargs):
+        args = tuple(self._resolve(a) for a in args)
+        if not any(isinstance(a, GDataSet) for a in args):
+            raise ValueError("ctx.map needs at least one dataset argument (ctx.data[name])")
+        wanted = list(range(self.nblocks)) if blocks is None else sorted(set(int(b) for b in blocks))
+        keep = set(wanted)
+        if self.stream:
+            groups = [[b] for b in wanted]
+        else:
+            groups = [g2 for g2 in ([b for b in g if b in keep] for g in self.groups) if g2]
+        prefix = name or pass_name(func)
+        outs = self._graph(func, args, kwargs, groups, prefix)
+        what = f"pass {self._passes} ({prefix}) of a {self.mode} loop"
+        if self.stream:
+            with scan(self.ref.__dask_keys__(), self._passes):
+                results = bounded_compute(outs, what)
+        else:
+            results = bounded_compute(outs, what)
+        self._passes += 1
+        by_block = {b: r for g, res in zip(groups, results) for b, r in zip(g, res)}
+        return [by_block[b] for b in wanted]
+
+    def checkpoint(self, state, **record):
+        now = time.perf_counter()
+        if self.stream and "bytes_h2d" not in record:  # streaming: what the window copied this iteration
+            moved = _window_bytes_h2d()
+            if moved is not None:
+                if self._moved is not None:
+                    record["bytes_h2d"] = max(0, moved - self._moved)
+                self._moved = moved
+        rec = self._record(record, now - self._t0)
+        self._t0 = now
+        self._progress(state, rec)
+
+
+# -- the loop on the workers, from the client -------------------------------------------------------------
+@dataclass(frozen=True)
+class WorkersOutcome:
+    """A loop on the workers that ran to its end: the driver's final ``state``, the final pass's
+    per-block results in block order (``finals``, or None) and the ``iteration`` count."""
+
+    state: Any
+    finals: list | None
+    iteration: int
+
+
+def _rank_blocks(datasets: dict, groups: list[list[int]], workers: dict[int, str], client: Any,
+                 lazy: bool) -> dict[str, list]:
+    """``{worker address: [(block, [handle by dataset])]}`` in block order: each group's blocks go to
+    the worker holding its first block. ``lazy``: a block on its rank's own worker stays in that
+    worker's store (a :class:`~gdask.gdataset.engine._worker.StoreKey`), the others come with the task."""
+    names = list(datasets)
+    held: dict[str, dict[int, str]] = {}
+    if lazy:  # where each dataset's blocks are: those on the rank's own worker stay in its store
+        for n in names:
+            places = None if datasets[n] is None else block_places(datasets[n], client, wait_ready=True)
+            held[n] = places.workers if places is not None else {}
+    mine: dict[str, list] = {a: [] for a in sorted({workers[g[0]] for g in groups})}
+    for g in groups:
+        addr = workers[g[0]]
+        for b in g:
+            handles = [None if datasets[n] is None
+                       else _worker.StoreKey((datasets[n].name, b)) if lazy and held[n].get(b) == addr
+                       else datasets[n].block(b) for n in names]
+            mine[addr].append((b, handles))
+    for blocks in mine.values():
+        blocks.sort(key=lambda p: p[0])
+    return mine
+
+
+class _CheckpointEvents:
+    """The checkpoints rank 0 sends on the loop's topic, handed to the fit's records in this thread
+    (in order, once each) whenever :meth:`drain` is called."""
+
+    def __init__(self, client: Any, topic: str, records: Records) -> None:
+        self.client = client
+        self.topic = topic
+        self.records = records
+        self.events: queue.Queue = queue.Queue()
+        client.subscribe_topic(topic, lambda event: self.events.put(pickle.loads(event[1]["checkpoint"])))
+
+    def drain(self) -> None:
+        while True:
+            try:
+                it, st, rec = self.events.get_nowait()
+            except queue.Empty:
+                return
+            self.records.newer(it, st, rec)
+
+    def close(self) -> None:
+        self.drain()
+        self.client.unsubscribe_topic(self.topic)
+        self.drain()
+
+
+def run_workers_loop(algorithm: IterativeAlgorithm, datasets: dict, groups: list[list[int]],
+                     workers: dict[int, str], client: Any, token: str, records: Records,
+                     lazy: bool = False) -> WorkersOutcome:
+    """The loop on the workers: one task per worker holding blocks, from ``records.resume``; the
+    checkpoints come back as events and go to ``records`` in this thread. Raises
+    :class:`~gdask.gdataset.collective.CollectiveError` when it could not finish. ``lazy``: the
+    tasks get the blocks' keys and read them from their worker's store on use."""
+    names = list(datasets)
+    nblocks = next(g.nblocks for g in datasets.values() if g is not None)
+    mine = _rank_blocks(datasets, groups, workers, client, lazy)
+    peers = sorted(mine)
+    topic = f"gdask-loop-{token}"
+    start = records.resume
+    tasks = [(algorithm, _worker.RankTask(mine[a], names, nblocks, token, start.iteration, start.state, topic, lazy))
+             for a in peers]
+    events = _CheckpointEvents(client, topic, records)
+    try:
+        try:
+            results = run_on_workers(client, _worker.driver_on_worker, peers, tasks, name=algorithm.name,
+                                     on_poll=events.drain)
+        except CollectiveError:
+            # where the fit resumes: the checkpoints the events brought, and the newest one the
+            # survivors kept (the failure may overtake their last events on the way here)
+            events.drain()
+            _newest_checkpoint(client, token, records)
+            raise
+    finally:
+        events.close()
+    r0 = results[0]
+    records.fill(r0.iteration, r0.state)  # records the events did not bring in time
+    finals = None
+    if r0.finals is not None:
+        merged = {b: v for r in results for b, v in r.finals.items()}
+        finals = [merged[b] for b in sorted(merged)]
+    try:
+        report_work(client, [(kind, nbytes, addr, sec) for addr, r in zip(peers, results)
+                             for kind, nbytes, sec in r.observed])
+    except Exception as e:  # noqa: BLE001 - the fit is done: a scheduler that cannot take this loses nothing
+        logger.debug("could not report the passes' durations to the placement plugin: %r", e)
+    return WorkersOutcome(r0.state, finals, r0.iteration)
+
+
+def _newest_checkpoint(client: Any, token: str, records: Records) -> None:
+    """After a failed loop on the workers: the newest checkpoint any surviving worker kept, recorded
+    if the events did not bring it (bounded by config ``gdask.engine.checkpoint-timeout``)."""
+    try:
+        found = run_sync(client, _worker.last_checkpoint, token, on_error="ignore",
+                         timeout=float(config.get("engine.checkpoint-timeout", 10)))
+    except Exception as e:  # noqa: BLE001 - the cluster may be in trouble: resume from what the events brought
+        logger.debug("could not ask the workers for their checkpoints of loop %s: %r", token, e)
+        return
+    best = max((pickle.loads(v) for v in found.values() if isinstance(v, bytes)), key=lambda c: c[0], default=None)
+    if best is not None and best[0] > records.resume.iteration:
+        records.fill(best[0] - 1, best[1])  # iterations whose records were lost with a worker
+        records(best[1], best[2])
+
+
+# -- after the loop -------------------------------------------------------------------------------------------
+def drop_state(client: Any, token: str) -> None:
+    """Forget the fit's per-worker state here and, without waiting, on every worker."""
+    _worker.drop_on_worker(token)  # here: a loop without a Client, or run inside a task, kept state here
+    if client is None:
+        return
+    try:  # on the client's event loop, so the caller does not wait for the broadcast's round trip
+        client.loop.add_callback(_drop_everywhere, client, token)
+    except (AttributeError, RuntimeError) as e:  # a client without a running loop (closing)
+        logger.debug("could not drop the state of loop %s on the workers: %r", token, e)
+
+
+async def _drop_everywhere(client: Any, token: str) -> None:
+    try:
+        await run_async(client, _worker.drop_on_worker_async, token, wait=False, on_error="ignore")
+    except Exception as e:  # noqa: BLE001 - the client closed meanwhile: the states go with the workers
+        logger.debug("could not drop the state of loop %s on the workers: %r", token, e)

@@ -1,0 +1,261 @@
+"""The loop on the workers, worker side: the task one rank runs, its driver's context, the
+checkpoint it keeps, and the blocks it reads from its worker's store.
+
+One task per worker holding blocks runs :func:`driver_on_worker` (through
+:func:`gdask.gdataset.collective.run_on_workers`): the algorithm's driver over that worker's blocks,
+a pass all-gathering the per-block results between the ranks. Every rank keeps its last
+checkpoint in its worker's state space of the loop (:func:`checkpoint_space`), so that after a
+failure the client can ask the survivors where the fit got to; rank 0 also sends it as an event
+(progress in the client's thread).
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from distributed.comm import get_address_host
+
+from gdask.devices import context
+from gdask.gdataset import _blocks
+from gdask.gdataset.collective import CollectiveError
+from gdask.gdataset.engine._api import Blocks, IterativeAlgorithm, LoopContext, pass_name
+from gdask.window_cache import worker_store
+
+__all__ = ["RankResult", "RankTask", "StoreBlocks", "StoreKey", "WorkersContext", "checkpoint_space",
+           "drop_on_worker", "driver_on_worker", "last_checkpoint"]
+
+#: the key of a rank's last checkpoint in the loop's state space (and the space's suffix)
+_CHECKPOINT = "engine-checkpoint"
+
+
+# -- the checkpoint store -------------------------------------------------------------------------------
+def checkpoint_space(worker: Any, token: str) -> dict:
+    """The loop's own state space on ``worker`` (the algorithm's per-block state has the token's)."""
+    return context(worker).state.get(f"{token}-{_CHECKPOINT}")
+
+
+def last_checkpoint(token: str, dask_worker: Any = None) -> bytes | None:
+    """(on a worker, through ``client.run``) The last checkpoint a rank of loop ``token`` kept here:
+    ``pickle`` of ``(iteration, state, record)``, or None."""
+    space = context(dask_worker).state.get(f"{token}-{_CHECKPOINT}", create=False)
+    return None if space is None else space.get(_CHECKPOINT)
+
+
+def drop_on_worker(token: str, dask_worker: Any = None) -> bool:
+    """Forget loop ``token``'s state in this process (its checkpoints and the algorithm's state)."""
+    state = context(dask_worker).state
+    state.drop(f"{token}-{_CHECKPOINT}")
+    return state.drop(token)
+
+
+async def drop_on_worker_async(token: str, dask_worker: Any = None) -> bool:
+    """:func:`drop_on_worker` run in the worker's event loop (``client.run`` without a thread)."""
+    return drop_on_worker(token, dask_worker)
+
+
+# -- blocks left in the worker's store ------------------------------------------------------------------
+@dataclass(frozen=True)
+class StoreKey:
+    """A block left in the worker's store (read on use), in the arguments of a lazy loop task."""
+
+    key: Any
+
+
+class StoreBlocks(Mapping):
+    """``{dataset name: block}`` of one block index: blocks of this worker stay in its store and each
+    access reads the store (the window cache moves the block onto the device if it is not there);
+    blocks of other workers came with the task."""
+
+    def __init__(self, worker: Any, handles: dict[str, Any]) -> None:
+        self.worker = worker
+        self.handles = handles
+
+    def __getitem__(self, name: str) -> Any:
+        h = self.handles[name]
+        if not isinstance(h, StoreKey):
+            return h
+        try:
+            return self.worker.data[h.key]
+        except KeyError:
+            raise CollectiveError(f"block {h.key!r} is no longer on worker {self.worker.address} (moved or lost); "
+                                  "the loop restarts where the blocks are now") from None
+
+    def __iter__(self):
+        return iter(self.handles)
+
+    def __len__(self) -> int:
+        return len(self.handles)
+
+    def keys_in_order(self) -> list:
+        return [h.key for h in self.handles.values() if isinstance(h, StoreKey)]
+
+
+# -- the driver's context ----------------------------------------------------------------------------------
+class WorkersContext(LoopContext):
+    """A driver's context in its task on one worker: ``owned`` = ``[(block, {name: block array})]``."""
+
+    mode = "workers"
+
+    def __init__(self, comm: Any, owned: list, names: Sequence[str], nblocks: int, token: str, iteration: int,
+                 topic: str | None, streaming: bool = False) -> None:
+        super().__init__(names, nblocks, token, iteration)
+        self.comm = comm
+        self.owned = owned
+        self.streaming = streaming
+        self.rank = comm.rank
+        self.size = comm.size
+        self.topic = topic
+        self.observed: list[tuple[str, int, float]] = []
+        self._t0 = time.perf_counter()
+
+    def local(self) -> list[tuple[int, dict[str, Any]]]:
+        """This worker's blocks: ``[(block index, {dataset name: block array})]``, in block order.
+        When :attr:`streaming`, each mapping reads its block from the worker's store on every access
+        (through the window cache): keep a block only while it is used."""
+        return self.owned
+
+    @property
+    def address(self) -> str:
+        """This rank's worker address."""
+        return self.comm.worker.address
+
+    @property
+    def host(self) -> str:
+        """The host (name or IP) of this rank's worker, as its peers reach it (for side channels
+        such as a ``torch.distributed`` rendezvous)."""
+        return get_address_host(self.address)
+
+    def hint(self, blocks):
+        if not self.streaming:
+            return
+        store = getattr(self.comm.worker, "data", None)
+        if hasattr(store, "hint"):
+            keys = {b: arrays for b, arrays in self.owned}
+            store.hint([k for b in blocks if b in keys for k in keys[b].keys_in_order()])
+
+    def capacity(self):
+        store = worker_store(self.comm.worker) if self.comm.worker is not None else None
+        if store is not None:
+            return int(store.capacity())
+        memory = getattr(getattr(_blocks.current_device(), "spec", None), "memory", None)
+        return int(memory) if memory else None
+
+    def _call(self, func, args, kwargs, blocks: dict[str, Any]) -> Any:
+        # host operands reach the device through it, as in the tasks of the client loop
+        resolved = [blocks.get(a.name) if isinstance(a, Blocks) else _blocks.on_device(a) for a in args]
+        return func(*resolved, **kwargs)
+
+    def each_block(self, func, args, kwargs, wanted: set[int] | None = None,
+                   observe: str | None = None) -> list[tuple[int, Any]]:
+        """``[(block, func's host result)]`` over this rank's blocks (those in ``wanted``); each call's
+        duration recorded under ``observe`` when given."""
+        dev = _blocks.current_device()
+        # host operands reach the device once per pass, not once per block
+        args = [a if isinstance(a, Blocks) else _blocks.on_device(a, dev) for a in args]
+        own = []
+        for b, arrays in self.owned:
+            if wanted is not None and b not in wanted:
+                continue
+            t = time.perf_counter()
+            r = _blocks.to_host(dev.compute(self._call, func, args, kwargs, arrays))
+            if observe is not None:
+                nbytes = sum(int(getattr(arrays.get(a.name), "nbytes", 0) or 0) for a in args if isinstance(a, Blocks))
+                self.observed.append((observe, nbytes, time.perf_counter() - t))
+            own.append((b, r))
+        return own
+
+    def map(self, func, *args, blocks=None, name=None, **kwargs):
+        if not any(isinstance(a, Blocks) for a in args):
+            raise ValueError("ctx.map needs at least one dataset argument (ctx.data[name])")
+        wanted = None if blocks is None else set(int(b) for b in blocks)
+        own = self.each_block(func, args, kwargs, wanted, observe=name or pass_name(func))
+        got = sorted((p for ps in self.comm.allgather(own) for p in ps), key=lambda p: p[0])
+        return [r for _, r in got]
+
+    def allgather(self, value):
+        return self.comm.allgather(value)
+
+    def observe(self, kind, nbytes, seconds):
+        self.observed.append((str(kind), int(nbytes), float(seconds)))
+
+    def checkpoint(self, state, **record):
+        now = time.perf_counter()
+        rec = self._record(record, now - self._t0)
+        self._t0 = now
+        # every rank keeps its last checkpoint in its worker's state of this loop: when a worker dies, the
+        # client asks the survivors for it, which does not depend on when events arrive. Rank 0 alone sends
+        # it as an event (progress, records; the others' would be duplicates the client drops: one event
+        # per iteration, not one per rank). Events must be msgpack-able: the state is pickled
+        payload = pickle.dumps((self.iteration, state, rec), protocol=5)
+        checkpoint_space(self.comm.worker, self.token)[_CHECKPOINT] = payload
+        if self.topic and self.rank == 0:
+            self.comm.worker.log_event(self.topic, {"checkpoint": payload})
+
+
+# -- the task of one rank ------------------------------------------------------------------------------------
+@dataclass
+class RankTask:
+    """What one rank's task of a loop on the workers gets.
+
+    Attributes
+    ----------
+    mine : list
+        ``[(block, [block by dataset name])]`` of this rank, in block order; with ``lazy``, the
+        blocks of this rank's worker are :class:`StoreKey` s (read from its store on use).
+    names : list of str
+        The datasets' names, in the order of each block's list.
+    nblocks : int
+    token : str
+        The fit's token.
+    iteration : int
+        Iterations done before (the driver resumes there).
+    state : any
+        The driver's state after those iterations.
+    topic : str or None
+        Where rank 0 sends its checkpoints as events.
+    lazy : bool
+        Data larger than the devices: blocks are read from the worker's store on use.
+    """
+
+    mine: list
+    names: list[str]
+    nblocks: int
+    token: str
+    iteration: int
+    state: Any
+    topic: str | None
+    lazy: bool = False
+
+
+@dataclass
+class RankResult:
+    """What one rank's task returns: the driver's final ``state`` and ``iteration`` count, the final
+    pass's per-block results of its blocks (``finals``: ``{block: result}`` or None) and the device
+    work it ``observed`` (``[(kind, bytes, seconds)]``, for the placement plugin)."""
+
+    state: Any
+    finals: dict[int, Any] | None
+    observed: list[tuple[str, int, float]]
+    iteration: int
+
+
+def driver_on_worker(comm: Any, algorithm: IterativeAlgorithm, task: RankTask) -> RankResult:
+    """One worker's task of the loop on the workers: the driver over this rank's blocks from the
+    task's checkpoint, then the algorithm's final pass over them."""
+    if task.lazy:
+        owned = [(b, StoreBlocks(comm.worker, dict(zip(task.names, handles)))) for b, handles in task.mine]
+    else:
+        owned = [(b, dict(zip(task.names, arrays))) for b, arrays in task.mine]
+    ctx = WorkersContext(comm, owned, task.names, task.nblocks, task.token, task.iteration, task.topic,
+                         streaming=task.lazy)
+    state = algorithm.run(task.state, ctx)
+    finals = None
+    spec = algorithm.final(state)
+    if spec is not None:
+        func, args, kwargs = spec
+        finals = dict(ctx.each_block(func, args, kwargs))
+    return RankResult(state, finals, ctx.observed, ctx.iteration)
