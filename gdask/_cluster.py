@@ -230,11 +230,13 @@ class LocalGPUCluster(LocalCluster):
             placement = bool(config.get("scheduling.placement", True))
         self.placement: Any = None
         self.jobs: Any = None  # gdask.job shares
+        plugins = scheduler_plugins()  # placement, jobs, then the window cache's residency
         if placement:
-            self.placement, self.jobs = scheduler_plugins()
-            skw = dict(kwargs.pop("scheduler_kwargs", None) or {})
-            skw["plugins"] = [*(skw.get("plugins") or ()), self.placement, self.jobs]
-            kwargs["scheduler_kwargs"] = skw
+            self.placement, self.jobs = plugins[:2]
+        plugins = plugins if placement else plugins[2:]
+        skw = dict(kwargs.pop("scheduler_kwargs", None) or {})
+        skw["plugins"] = [*(skw.get("plugins") or ()), *plugins]
+        kwargs["scheduler_kwargs"] = skw
         super().__init__(n_workers=0, threads_per_worker=streams, processes=True, **kwargs)
         n = len(self.device_specs)
         try:
