@@ -6,9 +6,10 @@ fetched a copy of a block, it drops one of the two replicas, from the worker wit
 which may be the original. The block then lives on as the host copy the other worker fetched, and the
 devices' memory figures no longer count it. :class:`Residency` records where each task's result was
 made (the worker that computed it keeps it in its window store, on its device as far as memory
-allows) and puts :class:`KeepDeviceReplicas` in place of ``ReduceReplicas``: the same rule, except
-that the replica on that worker is never a candidate for dropping, so fetched copies are the ones
-dropped.
+allows), or where gdask's placement moved it on purpose (:meth:`Residency.rehome`), and puts
+:class:`KeepDeviceReplicas` in place of ``ReduceReplicas``: the same rule, except that the replica on
+that worker is never a candidate for dropping, so fetched copies are the ones dropped. gdask's
+placement asks it too (:meth:`Residency.home_of`) when it counts a replicated block for rebalancing.
 """
 
 from __future__ import annotations
@@ -86,11 +87,15 @@ class Residency(SchedulerPlugin):
         if start == "processing" and finish == "memory":
             worker = kwargs.get("worker")
             if worker is not None:
-                self._forget(key)
-                self.homes[key] = worker
-                self._by_worker[worker].add(key)
+                self.rehome(key, worker)
         elif start == "memory":
             self._forget(key)
+
+    def rehome(self, key: Key, worker: str) -> None:
+        """``key`` was moved to ``worker`` on purpose (gdask's placement rebalancing): its home now."""
+        self._forget(key)
+        self.homes[key] = worker
+        self._by_worker[worker].add(key)
 
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
         for key in self._by_worker.pop(worker, ()):
