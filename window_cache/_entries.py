@@ -80,6 +80,20 @@ class Entry:
             return State.HOST
         return State.DISK
 
+    def claim(self) -> threading.Event:
+        """Make the caller the owner of this block's load (no other load starts until it ends);
+        requires the store's lock held."""
+        ev = threading.Event()
+        self.inflight = ev
+        return ev
+
+    def release_claim(self, ev: threading.Event) -> None:
+        """The owner of this block's load gives up (nothing was copied); readers waiting for it go
+        on. Requires the store's lock held."""
+        if self.inflight is ev:
+            self.inflight = None
+        ev.set()
+
 
 def aligned(value: Any) -> Any:
     """An array as its own aligned copy when its data is not aligned to its item size (data received
@@ -94,7 +108,8 @@ def aligned(value: Any) -> Any:
 class Entries:
     """The managed blocks of one store, and the moves between tiers that need no waiting.
 
-    Every method requires :attr:`lock` held and never releases it (see the module's lock rules).
+    Every method but :meth:`locked` (which takes it) requires :attr:`lock` held and never releases
+    it (see the module's lock rules).
 
     Parameters
     ----------
@@ -368,18 +383,6 @@ class Entries:
                 f"{format_bytes(reserve)}: a task needs all its input blocks on the device at once. Use smaller blocks "
                 "(block_rows=...), tasks that read fewer blocks, or more device memory.")
 
-    def claim(self, e: Entry) -> threading.Event:
-        """Make the caller the owner of ``e``'s load (no other load starts until it ends)."""
-        ev = threading.Event()
-        e.inflight = ev
-        return ev
-
-    def release_claim(self, e: Entry, ev: threading.Event) -> None:
-        """The owner of ``e``'s load gives up (nothing was copied); readers waiting for it go on."""
-        if e.inflight is ev:
-            e.inflight = None
-        ev.set()
-
     def allocate(self, e: Entry, host: Any, ev: threading.Event) -> bool:
         """Allocate ``e``'s device buffer for a copy from ``host`` (one try); False when it does not fit."""
         try:
@@ -396,12 +399,12 @@ class Entries:
         budget = self.tier.budget
         if e.nbytes > budget - self.size_policy.reserve_bytes(budget, 0):
             return False  # never fits: its reader gets the error
-        ev = self.claim(e)
+        ev = e.claim()
         before = self.policy.order.next_use(key) if hasattr(self.policy, "order") else None
         if self.make_room(e.nbytes, before=before, protect={key}, job=e.job):
             if self.allocate(e, self.host_value(e), ev):
                 return True
-        self.release_claim(e, ev)
+        e.release_claim(ev)
         return False
 
     def land(self, key: Key, e: Entry, ok: bool) -> None:

@@ -5,7 +5,7 @@ Every function here is called **without** the store's lock and takes it itself, 
 run without it. After every step that ran without the lock the entry is checked again: it may have
 been loaded, evicted or deleted meanwhile.
 
-One load at a time owns an entry (:meth:`Entries.claim`, ``entry.inflight``): a second reader of
+One load at a time owns an entry (:meth:`Entry.claim`, ``entry.inflight``): a second reader of
 the same block, or the prefetch thread, waits for that load instead of starting another.
 """
 
@@ -91,7 +91,7 @@ def _wait_or_load(entries: Entries, key: Key, e: Entry) -> Any:
                 if first:
                     entries.stats.add("misses")
                 entries.check_fits(key, e.nbytes)
-                ev = entries.claim(e)
+                ev = e.claim()
             elif first:  # a prefetch (or another reader) is copying it: wait for that copy
                 entries.stats.add("prefetch_hits")
             first = False
@@ -111,7 +111,7 @@ def _demand_load(entries: Entries, key: Key, e: Entry, ev: threading.Event) -> A
         allocated, host = _allocate(entries, key, e, ev)
     except BaseException:
         with entries.locked():
-            entries.release_claim(e, ev)
+            e.release_claim(ev)
         raise
     if not allocated:  # no device memory came free in time
         return host
@@ -136,7 +136,7 @@ def _allocate(entries: Entries, key: Key, e: Entry, ev: threading.Event) -> tupl
     while True:
         with entries.locked():
             if e.deleted:
-                entries.release_claim(e, ev)
+                e.release_claim(ev)
                 raise KeyError(key)
             if host is None:
                 entries.make_room(n, before=None, protect={key}, job=e.job)
@@ -149,7 +149,7 @@ def _allocate(entries: Entries, key: Key, e: Entry, ev: threading.Event) -> tupl
                 evicted_busy = bool(entries.evict_bytes(n, job=e.job))
             if time.monotonic() > deadline:  # the device stays full of blocks in use: the host copy
                 entries.stats.add("host_reads")
-                entries.release_claim(e, ev)
+                e.release_claim(ev)
                 return False, host
         time.sleep(0.005)
 
