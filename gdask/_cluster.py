@@ -254,13 +254,16 @@ class LocalGPUCluster(LocalCluster):
             placement = bool(config.get("scheduling.placement", True))
         self.placement: Any = None
         self.jobs: Any = None  # gdask.job shares
+        plugins = scheduler_plugins()  # config gdask.plugins.scheduler: placement, jobs, the window's residency
+        named = {getattr(p, "name", None): p for p in plugins}
         if placement:
-            plugins = scheduler_plugins()
-            named = {getattr(p, "name", None): p for p in plugins}
             self.placement, self.jobs = named.get(protocol.PLUGIN_PLACEMENT), named.get(protocol.PLUGIN_JOBS)
-            skw = dict(kwargs.pop("scheduler_kwargs", None) or {})
-            skw["plugins"] = [*(skw.get("plugins") or ()), *plugins]
-            kwargs["scheduler_kwargs"] = skw
+        else:
+            plugins = [p for p in plugins if getattr(p, "name", None) not in (protocol.PLUGIN_PLACEMENT,
+                                                                                 protocol.PLUGIN_JOBS)]
+        skw = dict(kwargs.pop("scheduler_kwargs", None) or {})
+        skw["plugins"] = [*(skw.get("plugins") or ()), *plugins]
+        kwargs["scheduler_kwargs"] = skw
         kwargs["memory_limit"] = worker_memory_limit(kwargs.get("memory_limit", "auto"), len(self.device_specs))
         super().__init__(n_workers=0, threads_per_worker=streams, processes=True, **kwargs)
         n = len(self.device_specs)

@@ -12,6 +12,13 @@ which pins the supported range), not many:
   worker reads at each task; distributed has no hook to add one).
 * :func:`set_worker_data`: a worker's data store after the worker was made (a preload on a plain
   ``dask worker`` cannot pass ``data=``).
+* :func:`wrap_transfer_handler`: run a worker's ``get_data`` handler (what sends its data to other
+  workers and to clients) inside a context of gdask's (the window cache marks those reads).
+* :func:`wrap_execute`: run a worker's ``execute`` (which reads a task's inputs from the data store,
+  then runs the task on its executor) through a wrapper of gdask's (the window cache pins a running
+  task's inputs and marks the reads that assemble them). ``execute`` is the abstract method of
+  distributed's ``BaseWorker`` that the worker state machine calls for every task; there is no hook
+  around it.
 
 Nothing else in gdask reads or writes an underscored attribute of a distributed object
 (``tests/test_layering.py`` checks it).
@@ -19,12 +26,13 @@ Nothing else in gdask reads or writes an underscored attribute of a distributed 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, ContextManager
 
 #: the distributed releases gdask is tested with (inclusive lower, exclusive upper bound)
 SUPPORTED_DISTRIBUTED = ("2025.1", "2027.1")
 
-__all__ = ["SUPPORTED_DISTRIBUTED", "run_async", "run_sync", "set_executor", "set_worker_data", "wait_for_signals"]
+__all__ = ["SUPPORTED_DISTRIBUTED", "run_async", "run_sync", "set_executor", "set_worker_data", "wait_for_signals",
+           "wrap_execute", "wrap_transfer_handler"]
 
 
 def run_async(client: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
@@ -65,3 +73,42 @@ def set_worker_data(worker: Any, store: Any) -> None:
     yet: where its memory manager spills from and where its state machine keeps task results."""
     worker.memory_manager.data = store
     worker.state.data = store
+
+
+def wrap_transfer_handler(worker: Any, around: Callable[[], ContextManager[Any]]) -> Callable[[], None]:
+    """Run ``worker``'s ``get_data`` handler (it reads the data it sends to other workers and to
+    clients from the worker's data store) inside ``around()``. Returns a function that undoes it
+    (when nothing replaced the handler since)."""
+    original = worker.handlers["get_data"]
+
+    async def get_data(comm: Any, keys: Any, who: Any = None, serializers: Any = None, **kwargs: Any) -> Any:
+        with around():
+            return await original(comm, keys=keys, who=who, serializers=serializers, **kwargs)
+
+    worker.handlers["get_data"] = get_data
+
+    def undo() -> None:
+        if worker.handlers.get("get_data") is get_data:
+            worker.handlers["get_data"] = original
+
+    return undo
+
+
+def wrap_execute(worker: Any, wrapper: Callable[..., Any]) -> Callable[[], None]:
+    """Run every task of ``worker`` through ``await wrapper(execute, key, stimulus_id=...)``, which
+    must return ``await execute(key, stimulus_id=...)``: distributed's ``Worker.execute``, which reads
+    the task's inputs from the data store (on the event loop, before its first ``await``), runs the
+    task on its executor and returns the state machine's event. Returns a function that undoes it
+    (when nothing replaced it since)."""
+    original = worker.execute
+
+    async def execute(key: Any, *, stimulus_id: str) -> Any:
+        return await wrapper(original, key, stimulus_id=stimulus_id)
+
+    worker.execute = execute
+
+    def undo() -> None:
+        if worker.execute is execute:
+            worker.execute = original
+
+    return undo

@@ -14,7 +14,7 @@ __all__ = [
     "HANDLER_JOB_CLOSE", "HANDLER_JOB_OPEN", "HANDLER_OBSERVE", "HANDLER_PLACEMENT_STATS", "HANDLER_STATE",
     "METRIC_DEVICE", "METRIC_NVML", "METRIC_STREAMS", "METRIC_WINDOW",
     "PLUGIN_COLLECTIVE", "PLUGIN_DASHBOARD", "PLUGIN_DEVICE", "PLUGIN_EXECUTION_LOG", "PLUGIN_JOBS",
-    "PLUGIN_JOB_MONITOR", "PLUGIN_PLACEMENT",
+    "PLUGIN_JOB_MONITOR", "PLUGIN_PLACEMENT", "PLUGIN_RESIDENCY", "PLUGIN_WINDOW_CACHE",
 ]
 
 # -- plugins (``plugin.name``: one instance per scheduler / worker) ----------------------------------
@@ -32,6 +32,10 @@ PLUGIN_DEVICE = "gdask-device"
 PLUGIN_JOB_MONITOR = "gdask-job-monitor"
 #: worker: mailboxes of loops that run on the workers (collective all-gather)
 PLUGIN_COLLECTIVE = "gdask-collective"
+#: worker: the window store's hooks (transfers from the host copy, pins of running tasks' inputs)
+PLUGIN_WINDOW_CACHE = "gdask-window-cache"
+#: scheduler: keeps a block's replica on the worker whose device holds it (active memory manager)
+PLUGIN_RESIDENCY = "gdask-residency"
 
 # -- worker metrics (``worker.metrics[name]``, in ``WorkerState.metrics`` every heartbeat) -----------
 #: the device: spec, memory budget and use, transfers, busy time (a flat dict of scalars)

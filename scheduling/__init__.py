@@ -74,15 +74,21 @@ __all__ = [
 
 
 def scheduler_plugins() -> list[Any]:
-    """The scheduler plugins of a gdask cluster: placement and device shares."""
-    return [GPUPlacement(), JobScheduler()]
+    """The scheduler plugins of a gdask cluster: placement and device shares, then the window
+    cache's residency (a block's replica stays on the worker whose device holds it)."""
+    from gdask.window_cache import Residency
+
+    return [GPUPlacement(), JobScheduler(), Residency()]
 
 
 def worker_plugins(specs: dict | None = None, rmm_pool_size: Any = None, **stream_kw: Any) -> list[Any]:
     """The worker plugins every gdask device worker gets, whoever starts it (``LocalGPUCluster``,
     ``gdask worker``, the preload): its device (:class:`DeviceSetup`, ``specs`` by worker name or
-    None for one device made from config per worker) and the job monitor."""
-    return [DeviceSetup(specs, rmm_pool_size=rmm_pool_size, **stream_kw), JobMonitor()]
+    None for one device made from config per worker), the job monitor and the window store's
+    hooks (transfers from the host copy, pins of running tasks' inputs)."""
+    from gdask.window_cache import WindowCachePlugin
+
+    return [DeviceSetup(specs, rmm_pool_size=rmm_pool_size, **stream_kw), JobMonitor(), WindowCachePlugin()]
 
 
 async def dask_setup(service: Any) -> None:

@@ -71,7 +71,7 @@ def _cluster_has(names: list[str], dask_scheduler: Any = None) -> dict[str, bool
     # device; registering those plugins again would replace theirs (a worker tears down a plugin it is
     # sent again), so they are only added to clusters where no worker has them
     started = any((ws.metrics or {}).get(protocol.METRIC_DEVICE) for ws in dask_scheduler.workers.values())
-    for name in (protocol.PLUGIN_DEVICE, protocol.PLUGIN_JOB_MONITOR):
+    for name in (protocol.PLUGIN_DEVICE, protocol.PLUGIN_JOB_MONITOR, protocol.PLUGIN_WINDOW_CACHE):
         if name in out and not out[name]:
             out[name] = started
     return out
@@ -91,11 +91,13 @@ def ensure_plugins(client: Any, extra: tuple = (), *, standard: bool = True) -> 
     from gdask.scheduling._scheduler_jobs import JobScheduler
     from gdask.scheduling._worker import DeviceSetup
     from gdask.scheduling._worker_jobs import JobMonitor
+    from gdask.window_cache import Residency, WindowCachePlugin
 
     wanted: dict[str, Any] = {}
     if standard:
         wanted = {protocol.PLUGIN_PLACEMENT: GPUPlacement, protocol.PLUGIN_JOBS: JobScheduler,
-                  protocol.PLUGIN_DEVICE: DeviceSetup, protocol.PLUGIN_JOB_MONITOR: JobMonitor}
+                  protocol.PLUGIN_RESIDENCY: Residency, protocol.PLUGIN_DEVICE: DeviceSetup,
+                  protocol.PLUGIN_JOB_MONITOR: JobMonitor, protocol.PLUGIN_WINDOW_CACHE: WindowCachePlugin}
     wanted.update({p.name: p for p in extra})
     with _installed_lock:
         done = _installed.setdefault(client, set())

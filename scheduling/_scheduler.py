@@ -400,8 +400,10 @@ class GPUPlacement(SchedulerPlugin):
                 load[index[holders[0]]] += ts.nbytes
                 blocks.append((ts, holders))
                 current.append(index[holders[0]])
-            for ts, holders in multi:  # replicated: count it where it balances best
-                h = min((index[a] for a in holders), key=lambda d: ((load[d] + ts.nbytes) / speeds[d], d))
+            for ts, holders in multi:  # replicated: on its home (its device holds it), else where it balances best
+                home = _home(s, ts)
+                h = index[home] if home in holders else min(
+                    (index[a] for a in holders), key=lambda d: ((load[d] + ts.nbytes) / speeds[d], d))
                 load[h] += ts.nbytes
                 blocks.append((ts, holders))
                 current.append(h)
@@ -462,6 +464,10 @@ class GPUPlacement(SchedulerPlugin):
                     if h != dst:
                         drop[h].append(key)
         self._drop_replicas({a: ks for a, ks in drop.items() if a is not None})
+        residency = s.plugins.get(protocol.PLUGIN_RESIDENCY)
+        if residency is not None:  # a block moved on purpose: its new holder is its home
+            for key in drop.get(None, ()):
+                residency.rehome(key, dst)
         return drop
 
     def _drop_replicas(self, by_src: dict[str, list]) -> None:
@@ -512,6 +518,14 @@ class GPUPlacement(SchedulerPlugin):
         return {"workers": self.placement_stats(), "moves": self.moves, "last_moves": self.last_moves,
                 "replaced": self.replaced,
                 "pinned": len(self._pinned), "outstanding": self.placer.outstanding() if self.placer else 0}
+
+
+def _home(scheduler: Any, ts: Any) -> str | None:
+    """The address of the worker whose device holds ``ts``'s original (the window cache's residency
+    plugin knows it), when it holds a replica; else None."""
+    residency = scheduler.plugins.get(protocol.PLUGIN_RESIDENCY)
+    ws = residency.home_of(ts) if residency is not None else None
+    return None if ws is None else ws.address
 
 
 def _streams(ws: Any) -> int:

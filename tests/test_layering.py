@@ -25,7 +25,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = {
     "gdask/_devices": ("runtime", {"runtime"}),
     "window_cache": ("window_cache", {"runtime"}),
-    "scheduling": ("scheduling", {"runtime", "window_cache"}),  # window_cache: only the preload hook
+    "scheduling": ("scheduling", {"runtime", "window_cache"}),  # window_cache: the preload hook, its plugins
     "gdataset": ("gdataset", {"runtime", "scheduling", "window_cache"}),
     "gdask/ml": ("ml", {"runtime", "gdataset"}),  # placement and the window cache: through the engine
     "gdask": ("facade", {"runtime", "scheduling", "window_cache", "gdataset", "ml"}),

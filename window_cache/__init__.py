@@ -15,23 +15,38 @@ backward on odd iterations (task priorities) and tell the workers that order
 (:func:`hint_order`). ``gdask.window_cache.stats(client)`` returns hits, misses, prefetch hits,
 bytes copied each way, stall time and the window size over time, per worker and in total.
 
+Who reads a block and which blocks are in use is told to the store by gdask's worker hooks
+(:class:`WindowCachePlugin`: transfers to other workers are sent from the host copy; a running
+task's inputs are pinned), never guessed. On the scheduler, :class:`Residency` keeps a block's
+replica on the worker whose device holds it when distributed's active memory manager drops the
+extra copies other workers fetched.
+
 Tasks must read one block each (``GDataSet.reduce_blocks``, ``map_blocks``): a worker gathers all
 inputs of a task before running it, so a task over many blocks needs them all on the device at once.
 """
 
 from __future__ import annotations
 
+from gdask.window_cache._client import WindowStats, hint_order, stats
+from gdask.window_cache._hooks import WindowCachePlugin, use_window_store, worker_store
+from gdask.window_cache._pins import Pins
 from gdask.window_cache._policy import LRU, FurthestInFuture, ScanOrder, WindowSize, scan_order
+from gdask.window_cache._quota import JobQuota
+from gdask.window_cache._residency import KeepDeviceReplicas, Residency
 from gdask.window_cache._scan import scan, scan_priority
-from gdask.window_cache._stats import WindowStats, hint_order, stats, worker_store
-from gdask.window_cache._store import State, WindowCacheMemoryError, WindowStore, make_room, use_window_store
+from gdask.window_cache._store import State, WindowCacheMemoryError, WindowStore, make_room
 
 __all__ = [
     "FurthestInFuture",
+    "JobQuota",
+    "KeepDeviceReplicas",
     "LRU",
+    "Pins",
+    "Residency",
     "ScanOrder",
     "State",
     "WindowCacheMemoryError",
+    "WindowCachePlugin",
     "WindowSize",
     "WindowStats",
     "WindowStore",

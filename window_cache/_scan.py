@@ -68,7 +68,7 @@ def scan(keys: Sequence[Hashable], iteration: int, client: Any = None, hint: boo
             except (ImportError, ValueError):
                 client = None
         if client is not None:
-            from gdask.window_cache._stats import hint_order
+            from gdask.window_cache._client import hint_order
 
             hint_order(client, [keys[i] for i in order])
     with dask.annotate(priority=scan_priority(order)):

@@ -28,6 +28,12 @@ def test_the_private_names_compat_relies_on_exist():
     assert {"workers", "wait", "on_error"} <= set(params)
     assert inspect.iscoroutinefunction(wait_for_signals)
     assert "data" in inspect.signature(Worker).parameters
+    # wrap_execute / wrap_transfer_handler: the state machine awaits ``execute(key, stimulus_id=...)``;
+    # the get_data handler takes the comm first and the keys, who and serializers by name
+    assert inspect.iscoroutinefunction(Worker.execute)
+    assert list(inspect.signature(Worker.execute).parameters) == ["self", "key", "stimulus_id"]
+    assert inspect.iscoroutinefunction(Worker.get_data)
+    assert list(inspect.signature(Worker.get_data).parameters)[:5] == ["self", "comm", "keys", "who", "serializers"]
 
 
 @pytest.mark.timeout(60)
@@ -47,3 +53,33 @@ def test_executor_and_data_replacement_on_a_real_worker():
         (res,) = client.run(swap).values()
         assert res == (True, True, True)
         assert client.submit(lambda: 41 + 1).result(timeout=30) == 42
+
+
+@pytest.mark.timeout(60)
+def test_execute_and_transfer_wrappers_on_a_real_worker():
+    import contextlib
+
+    from distributed import Client, LocalCluster
+
+    seen = []
+
+    @contextlib.contextmanager
+    def around():
+        seen.append("transfer")
+        yield
+
+    async def wrapper(execute, key, *, stimulus_id):
+        seen.append(("task", key))
+        return await execute(key, stimulus_id=stimulus_id)
+
+    with LocalCluster(n_workers=2, processes=False, dashboard_address=":0") as cluster, Client(cluster) as client:
+        a, b = cluster.workers.values()
+        undo = [_compat.wrap_execute(a, wrapper), _compat.wrap_transfer_handler(a, around)]
+        x = client.submit(lambda: 41, key="x", workers=[a.address])
+        assert client.submit(lambda v: v + 1, x, key="y", workers=[b.address]).result(timeout=30) == 42
+        assert ("task", "x") in seen and "transfer" in seen and ("task", "y") not in seen  # b fetched x from a
+        for u in undo:
+            u()
+        seen.clear()
+        assert client.submit(lambda: 1, key="z", workers=[a.address]).result(timeout=30) == 1
+        assert client.gather(x) == 41 and seen == []

@@ -1,7 +1,8 @@
 """WindowStore under memory pressure and concurrency (issue #17, items 3 and 4), without a cluster:
-one load per block however many readers wait, room made from blocks no task reads, transfers
+one load per block however many readers wait, room made from blocks no task holds, transfers
 served from the host, a clear error for a task whose inputs cannot all fit, job isolation, and
-allocations that wait (bounded) for memory that running tasks hold."""
+allocations that wait (bounded) for memory that running tasks hold. Running tasks and transfers are
+told to the store as gdask's worker hooks tell it (pins, reader marks: ``gdask.window_cache._pins``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 from gdask import DeviceMemoryError
 from gdask._devices import DeviceSpec, EmulatedDevice
 from gdask.window_cache import State, WindowCacheMemoryError, WindowStore
+from gdask.window_cache._pins import reading_for_transfer, reading_inputs_of
 
 BLOCK = (1024, 64)  # float32: 256 KiB
 NB = 1024 * 64 * 4
@@ -41,7 +43,9 @@ def test_a_block_is_loaded_once_while_its_first_reader_waits_for_memory(monkeypa
     s = WindowStore("lru", device=dev, reserve=0)
     fill(s, dev, 6)
     key = on_host(s, 6)[0]
-    held = [s[k] for k in list(s._resident)]  # blocks "running tasks" read: evicting them frees nothing now
+    on_device = [("x", i) for i in range(6) if s.state(("x", i)) is State.DEVICE]
+    s.task_started("running", on_device)  # blocks a running task holds: evicting them frees nothing now
+    held = [s[k] for k in on_device]
     real_alloc, real_sleep = s.tier.alloc, time.sleep
     fails = [2]
     second: list = []
@@ -103,6 +107,7 @@ def test_room_for_an_allocation_comes_from_blocks_no_task_reads():
     dev = device(blocks=4)
     s = WindowStore("lru", device=dev, reserve=0)
     fill(s, dev, 4)
+    s.task_started("running", [("x", 0)])
     busy = s[("x", 0)]  # a running task reads the least recently used block
     s[("x", 1)], s[("x", 2)]  # noqa: B018 - read: x0 is now the least recently used of the device's blocks
     evictions = s.counters["evictions"]
@@ -130,6 +135,7 @@ def test_an_allocation_that_never_fits_names_the_sizes():
     dev = device(blocks=2)
     s = WindowStore("lru", device=dev, reserve=0)
     s[("x", 0)] = dev.asarray(np.ones(BLOCK, np.float32))
+    s.task_started("running", [("x", 0)])
     busy = s[("x", 0)]
     other = dev.asarray(np.ones(BLOCK, np.float32))  # neither can be moved off
     with dask.config.set({"gdask.timeouts.memory": 0.2}):
@@ -140,12 +146,18 @@ def test_an_allocation_that_never_fits_names_the_sizes():
     s.close()
 
 
-def get_data(store, keys):  # named like distributed's Worker.get_data: a transfer to another worker
-    return {k: store[k] for k in keys}
+def get_data(store, keys):  # as gdask's transfer handler reads: a transfer to another worker
+    with reading_for_transfer():
+        return {k: store[k] for k in keys}
 
 
-def execute(store, ts):  # named like distributed's Worker.execute: a task's inputs
-    return {d.key: store[d.key] for d in ts.dependencies}
+def execute(store, ts):  # as gdask's task wrapper reads a task's inputs: pinned, then read
+    store.task_started(ts.key, [d.key for d in ts.dependencies])
+    try:
+        with reading_inputs_of(ts.key):
+            return {d.key: store[d.key] for d in ts.dependencies}
+    finally:
+        store.task_finished(ts.key)
 
 
 def test_transfers_are_served_from_the_host_copy():

@@ -156,6 +156,7 @@ def test_full_device_serves_host_copies_instead_of_oom():
     dev = device(blocks=5)
     s = WindowStore("window", device=dev, reserve=0)
     fill(s, dev, n)
+    s.task_started("many-inputs", [("x", i) for i in range(n)])  # a task that holds every block
     held = [s[("x", i)] for i in range(n)]
     assert [int(v[0, 0]) for v in held] == list(range(n))
     assert s.metrics()["host_reads"] > 0
@@ -260,8 +261,8 @@ def test_prefetch_thread_ends_with_its_store():
     s = WindowStore("window", device=dev, reserve=0)
     fill(s, dev, 8)
     read_passes(s, 8, 2)
-    assert s._resident_bytes == sum(s._resident.values())
-    t = s._thread
+    assert s.metrics()["device_bytes"] == sum(s.device_bytes(k) for k in s) > 0
+    t = s._prefetcher.thread
     assert t is not None and t.is_alive()
     del s
     gc.collect()
