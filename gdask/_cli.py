@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import runpy
 import sys
 import time
 from pathlib import Path
 
 from gdask import NoDeviceError
+
+
+def plain_text(doc: str) -> str:
+    """A docstring's reStructuredText as plain text for ``--help``: ``x``, :role:`x` and `x` become x,
+    lines are joined into one paragraph."""
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc)
+    text = re.sub(r"``([^`]+)``", r"\1", text)
+    text = re.sub(r"`([^`]+)`", r"\1", text)
+    return " ".join(text.split())
 
 
 def _step(text: str) -> float:
@@ -136,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     from gdask import _worker_cli
 
     w = sub.add_parser("worker", help="start one Dask worker per device of this node (like dask cuda worker)",
-                       description=(_worker_cli.__doc__ or "").split("\n\n")[0])
+                       description=plain_text((_worker_cli.__doc__ or "").split("\n\n")[0]))
     _worker_cli.add_arguments(w)
     b = sub.add_parser("bench", help="run a benchmark from benchmarks/ (e.g. gdask bench kmeans --json out.json)")
     b.add_argument("name")

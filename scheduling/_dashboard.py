@@ -100,21 +100,31 @@ class DashboardPlugin(SchedulerPlugin):
         self.history.pop(worker, None)
 
     # -- data -----------------------------------------------------------------------------------
-    def sample(self) -> None:
-        """Record every device worker's cumulative counters (busy time, transfers, window reads)."""
+    def sample(self, fresh: dict[str, dict] | None = None) -> None:
+        """Record every device worker's cumulative counters (busy time, transfers, window reads).
+
+        Parameters
+        ----------
+        fresh : dict, optional
+            ``{worker address: its gdask metrics}`` read from the workers just now (for a sample
+            that includes work their last heartbeat did not report); other workers: their
+            heartbeat's metrics.
+        """
         s = self.scheduler
         if s is None:
             return
         now = time.time()
         for addr, ws in list(s.workers.items()):
-            m = ws.metrics or {}
+            m = (fresh or {}).get(addr) or ws.metrics or {}
             dev = m.get(protocol.METRIC_DEVICE) or {}
             if not dev:
                 continue
             win = m.get(protocol.METRIC_WINDOW) or {}
             h = self.history.setdefault(addr, deque(maxlen=_KEEP))
-            h.append((now, _num(dev.get("busy_time")), _num(dev.get("memory_used")), _num(win.get("hits")),
-                      _num(win.get("reads"))))
+            busy = _num(dev.get("busy_time"))
+            if h:  # a heartbeat read before a fresh sample may arrive after it: busy time never goes back
+                busy = max(busy, h[-1][1])
+            h.append((now, busy, _num(dev.get("memory_used")), _num(win.get("hits")), _num(win.get("reads"))))
 
     def busy_share(self, addr: str, streams: float, since: float | None = None) -> float | None:
         """Device busy time over wall time (divided by the streams running at once) since ``since``
