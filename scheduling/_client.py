@@ -103,6 +103,7 @@ def ensure_plugins(client: Any, extra: tuple = (), *, standard: bool = True) -> 
         if not missing:
             return
         have = client.run_on_scheduler(_cluster_has, missing)
+        _warn_missing_scheduler_plugins([n for n in missing if not have.get(n)])
         for name in missing:
             if not have.get(name):
                 make = wanted[name]
@@ -110,6 +111,28 @@ def ensure_plugins(client: Any, extra: tuple = (), *, standard: bool = True) -> 
                 if name == protocol.PLUGIN_DEVICE:
                     _wait_for_devices(client)
             done.add(name)
+
+
+#: gdask's scheduler plugins: without them Dask places blocks by its own rules (not by device speed)
+_SCHEDULER_PLUGINS = (protocol.PLUGIN_PLACEMENT, protocol.PLUGIN_JOBS)
+
+
+def _warn_missing_scheduler_plugins(missing: list[str]) -> None:
+    """Warn (a :class:`gdask.GDaskWarning`) that the cluster ran without gdask's scheduler plugins:
+    what was placed before they are installed now was placed by Dask's own rules. Once per client:
+    :func:`ensure_plugins` asks the scheduler once per client and plugin."""
+    absent = [n for n in _SCHEDULER_PLUGINS if n in missing]
+    if not absent:
+        return
+    import warnings
+
+    from gdask import GDaskWarning
+
+    warnings.warn(
+        f"gdask: this cluster's scheduler runs without gdask's scheduler plugins ({', '.join(absent)}): gdask "
+        "installs them now. Work submitted before now, e.g. blocks persisted already, was placed by Dask's own "
+        "rules, not by device speed (persist them again to place them). Start the scheduler with "
+        "`dask scheduler --preload gdask.scheduling` to have them from the start.", GDaskWarning, stacklevel=3)
 
 
 def _devices_reported(dask_scheduler: Any = None) -> bool:
@@ -235,7 +258,9 @@ class Job:
         self.close()
 
     def __repr__(self) -> str:
-        mem = "auto" if self.memory is None else f"{self.memory / 2**30:.3g} GiB"
+        from dask.utils import format_bytes  # the units of the jobs table and the dashboard
+
+        mem = "auto" if self.memory is None else format_bytes(int(self.memory))
         return f"<gdask.job {self.name!r} gpu={self.gpu:g} memory={mem} {self.status} on {self.devices}>"
 
 
