@@ -159,14 +159,16 @@ class DashboardPlugin(SchedulerPlugin):
 def _held(win: dict[str, Any]) -> dict[str, Any]:
     """The blocks a worker's window store holds, per tier, from its ``gdask_window`` metric.
 
-    ``window_bytes`` counts the blocks on the device and those being copied there (in flight), so
-    ``device_count`` counts both; ``blocks`` is every block the store manages (device, in flight,
-    host, disk). A worker whose data store is not gdask's window store reports none of these: 0."""
+    ``window_bytes`` / ``device_count``: the blocks on the device, and those being copied there
+    (in flight). ``blocks``: every block the store manages (device, in flight, host, disk).
+    ``other_keys``: values the store keeps outside its tiers (results, host arrays, and blocks
+    that are not device arrays, e.g. as received from another worker), in host memory. A worker
+    whose data store is not gdask's window store reports none of these (``window_store`` False)."""
     device = int(_num(win.get("device_blocks"))) + int(_num(win.get("in_flight_blocks")))
     host, disk = int(_num(win.get("host_blocks"))), int(_num(win.get("disk_blocks")))
     return {"window_bytes": _num(win.get("window_bytes")), "host_bytes": _num(win.get("host_bytes")),
             "device_count": device, "host_count": host, "disk_count": disk, "blocks": device + host + disk,
-            "window_store": bool(win)}
+            "other_keys": int(_num(win.get("plain_keys"))), "window_store": bool(win)}
 
 
 def dashboard_data(scheduler: Any, plugin: DashboardPlugin | None = None) -> dict[str, Any]:
@@ -178,8 +180,9 @@ def dashboard_data(scheduler: Any, plugin: DashboardPlugin | None = None) -> dic
         ``devices``: one dict per device worker (``name``, ``address``, ``backend``, ``device_name``,
         ``memory``, ``memory_used``, ``window_bytes`` (bytes of the blocks on the device or being
         copied there), ``host_bytes``, ``device_count``, ``host_count``, ``disk_count`` (blocks per
-        tier), ``blocks`` (all of them), ``window_store`` (whether the worker stores its data in
-        gdask's window store: without it no block figures), ``streams``,
+        tier), ``blocks`` (all of them), ``other_keys`` (values kept outside the window's tiers),
+        ``window_store`` (whether the worker stores its data in gdask's window store: without it
+        no block figures), ``streams``,
         ``max_streams``, ``placed``, ``speed_measured``, ``speed_configured``, ``hit_rate``,
         ``busy``, ``busy_series``, ``tasks``, ``bytes_h2d``); ``jobs``: the jobs table's rows;
         ``reuse``: ``{"submitted", "reused", "graphs"}``; ``policy``, ``moves``, ``time``.
@@ -307,8 +310,10 @@ def _held_text(d: dict[str, Any]) -> str:
         return ("not known: this worker's data store is not gdask's window store (start workers with "
                 "<code>gdask worker</code> or <code>--preload gdask.scheduling</code>)")
     disk = f", {_blocks(d['disk_count'])} on disk" if d["disk_count"] else ""
+    other = d.get("other_keys", 0)
+    other = f"; {other} other value{'' if other == 1 else 's'} in host memory, outside the window" if other else ""
     return (f"{_blocks(d['blocks'])}: {_blocks(d['device_count'])} on the device ({_bytes(d['window_bytes'])}), "
-            f"{_blocks(d['host_count'])} on the host ({_bytes(d['host_bytes'])}){disk}")
+            f"{_blocks(d['host_count'])} on the host ({_bytes(d['host_bytes'])}){disk}{other}")
 
 
 def _device_card(d: dict[str, Any]) -> str:

@@ -91,6 +91,71 @@ def test_the_bokeh_dashboard_links_to_the_page(dashboard):
     assert status == 200 and 'href="gdask"' in page
 
 
+def _held_by_worker(dask_scheduler=None):
+    """(on the scheduler) Per worker name: the GDataSet blocks (``from-array`` keys) it holds and their bytes."""
+    out = {}
+    for ws in dask_scheduler.workers.values():
+        blocks = [ts for ts in ws.has_what if str(ts.key[0] if isinstance(ts.key, tuple) else ts.key).startswith(
+            "from-array")]
+        out[str(ws.name)] = (len(blocks), sum(ts.nbytes for ts in blocks))
+    return out
+
+
+def test_memory_figures_are_the_blocks_each_device_holds(dashboard):
+    """Per device, the page's block count and window bytes are the blocks the scheduler says the worker
+    holds (here all on the device: they fit), after a fit and a second persisted dataset."""
+    base, client, _ = dashboard
+    deadline = time.monotonic() + 60  # the workers' store metrics arrive with their heartbeats
+    while True:
+        held = client.run_on_scheduler(_held_by_worker)
+        devs = {d["name"]: d for d in json.loads(_get(base + "/gdask/data.json")[1])["devices"]}
+        shown = {n: (d["device_count"], int(d["window_bytes"])) for n, d in devs.items()}
+        if shown == held and all(d["blocks"] == d["device_count"] for d in devs.values()):
+            break
+        assert time.monotonic() < deadline, f"dashboard {shown} (host/disk: " \
+            f"{[(d['host_count'], d['disk_count']) for d in devs.values()]}) vs blocks held {held}"
+        time.sleep(0.5)
+    assert sum(n for n, _ in held.values()) == 16 and all(n > 0 for n, _ in held.values())  # X and Y, 8 blocks each
+    page = _get(base + "/gdask/fragment")[1]
+    for name, (n, nbytes) in held.items():
+        assert f"{n} blocks: {n} blocks on the device" in page
+
+
+def _device(name="0", memory=4 * 2**30, used=48 * 2**20, window=48 * 2**20, device_count=4, **kw):
+    d = {"name": name, "address": f"tcp://w{name}", "backend": "emulated", "device_name": "emulated", "index": 0,
+         "memory": float(memory), "memory_used": float(used), "window_bytes": float(window), "host_bytes": 0.0,
+         "device_count": device_count, "host_count": 0, "disk_count": 0, "blocks": device_count,
+         "window_store": True, "other_keys": 0, "hit_rate": None, "reads": 0, "streams": 1, "max_streams": 1,
+         "placed": 3,
+         "speed_measured": None, "speed_configured": 1.0, "backlog_s": 0.0, "tasks": 1, "busy_time": 0.0,
+         "bytes_h2d": 0.0, "busy": 0.5, "busy_series": [0.1, 0.5]}
+    d.update(kw)
+    return d
+
+
+def _data(*devices):
+    return {"time": 0.0, "devices": list(devices), "jobs": [], "reuse": {"submitted": 0, "reused": 0, "graphs": 0},
+            "policy": "gdask", "moves": 0, "replaced": 0, "placement": True}
+
+
+def test_a_small_gauge_is_drawn_on_a_scale_that_shows_it():
+    """48 MiB of a 4 GiB budget would be a 1% sliver: the gauge says its value and draws it on a 64 MiB scale."""
+    frag = render_fragment(_data(_device()))
+    assert "48.00 MiB of 4.00 GiB (1.2%)" in frag
+    assert "scale 0 – 64.00 MiB" in frag and "is 64x longer" in frag
+    assert "width:75.00%" in frag  # 48 of 64 MiB
+    big = render_fragment(_data(_device(used=2 * 2**30, window=2 * 2**30)))  # half the budget: the budget's scale
+    assert "scale 0" not in big and "width:50.00%" in big
+    assert "4 blocks: 4 blocks on the device (48.00 MiB), 0 blocks on the host (0 B)" in frag
+
+
+def test_a_worker_without_the_window_store_says_so():
+    frag = render_fragment(_data(_device(window_store=False, window=0.0, device_count=0)))
+    assert "not known: this worker's data store is not gdask's window store" in frag
+    frag = render_fragment(_data(_device(other_keys=3)))
+    assert "; 3 other values in host memory, outside the window" in frag
+
+
 def test_render_without_workers_or_jobs():
     data = {"time": 0.0, "devices": [], "jobs": [], "reuse": {"submitted": 0, "reused": 0, "graphs": 0},
             "policy": "gdask", "moves": 0, "replaced": 0, "placement": True}
@@ -113,7 +178,7 @@ def test_headless_chromium_renders_the_page_with_data(dashboard, tmp_path):
     with tempfile.TemporaryDirectory() as profile:
         flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 f"--user-data-dir={profile}", "--window-size=1200,900", "--virtual-time-budget=2500"]
+                 f"--user-data-dir={profile}", "--window-size=1400,900", "--virtual-time-budget=2500"]
         dom = subprocess.run([_chromium(), *flags, "--dump-dom", base + "/gdask"], capture_output=True, text=True,
                              timeout=90)
         subprocess.run([_chromium(), *flags, f"--screenshot={shot}", base + "/gdask"], capture_output=True,
@@ -122,10 +187,15 @@ def test_headless_chromium_renders_the_page_with_data(dashboard, tmp_path):
     if os.environ.get("GDASK_SCREENSHOTS"):  # keep the picture (for the docs / a person to look at)
         shutil.copy(shot, os.environ["GDASK_SCREENSHOTS"])
     img = Image.open(shot).convert("RGB")
-    assert img.size == (1200, 900)
+    assert img.size == (1400, 900)
+    # the device cards use the page's width: their background (#fafafa) reaches the right quarter
+    card = (0xFA, 0xFA, 0xFA)
+    cards = [x for x in range(0, 1400, 10) if any(img.getpixel((x, y)) == card for y in range(40, 600, 4))]
+    assert cards and max(cards) > 1200, f"the cards end at x={max(cards, default=0)} of 1400"
     colors = img.getcolors(maxcolors=1 << 20)
     count = {c: n for n, c in colors}
     # the placement chart's bars are drawn from the data: tasks placed (#f58518), speeds (#54a24b); the
     # legend's 10 x 10 swatches alone would be 100 pixels each
     assert count.get((0xF5, 0x85, 0x18), 0) > 1000
     assert count.get((0x54, 0xA2, 0x4B), 0) > 1000
+    assert count.get((0x4C, 0x78, 0xA8), 0) > 1000  # the memory gauges' window-resident blocks are visible
