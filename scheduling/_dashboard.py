@@ -418,9 +418,9 @@ h2{font-size:16px;margin:16px 0 6px}
 .seg{height:100%}
 .spark{flex:1 1 auto;min-width:120px;height:28px}
 table.kv{font-size:12px;border-collapse:collapse;margin-top:4px;width:100%}
-table.kv td{padding:1px 8px 1px 0}
+table.kv td{padding:1px 8px 1px 0;white-space:nowrap}
 table.kv td:nth-child(odd){color:#666}
-table.kv td.held{color:#222}
+table.kv td.held{color:#222;white-space:normal}
 table.jobs{border-collapse:collapse;font-size:13px;width:100%}
 table.jobs th,table.jobs td{border-bottom:1px solid #ddd;padding:3px 8px;text-align:left}
 """

@@ -101,6 +101,9 @@ def _held_by_worker(dask_scheduler=None):
     return out
 
 
+@pytest.mark.xfail(strict=True, reason="the window store keeps a block that reached a worker from another (a "
+                   "placement move, a task's input fetched) as a plain host value, outside its device figures; "
+                   "the page shows what the store reports (window_cache's fix makes this pass: drop the mark)")
 def test_memory_figures_are_the_blocks_each_device_holds(dashboard):
     """Per device, the page's block count and window bytes are the blocks the scheduler says the worker
     holds (here all on the device: they fit), after a fit and a second persisted dataset."""
