@@ -63,7 +63,7 @@ def _compile_line(status: dict[str, dict], elapsed: float) -> str:
 def wait_for_compile(poll: Callable[[], dict[str, Any]], timeout: float, file: Any = None,
                      interval: float = 0.5) -> dict[str, float]:
     """Wait for the workers' kernel warm-ups, showing their progress on one line (rewritten in a
-    terminal, printed every few seconds elsewhere); ``{worker: seconds it took}``.
+    terminal, printed every 15 seconds elsewhere); ``{worker: seconds it took}``.
 
     Parameters
     ----------
@@ -86,7 +86,7 @@ def wait_for_compile(poll: Callable[[], dict[str, Any]], timeout: float, file: A
         status = {w: s for w, s in poll().items() if s is not None}
         elapsed = time.monotonic() - t0
         finished = all(s.get("done") for s in status.values())
-        if finished or shown is None or tty or elapsed - shown >= 5:  # a terminal: the line rewritten
+        if finished or shown is None or tty or elapsed - shown >= 15:  # a terminal: the line rewritten
             line = _compile_line(status, elapsed)
             print(("\r    " if tty and shown is not None else "\n    ") + line.ljust(70), end="", file=file,
                   flush=True)
