@@ -301,7 +301,7 @@ def _busy_bar(x: float | None) -> str:
            f'</div></div>'
 
 
-def _blocks(n: int) -> str:
+def _n_blocks(n: int) -> str:
     return f"{n} block{'' if n == 1 else 's'}"
 
 
@@ -309,11 +309,11 @@ def _held_text(d: dict[str, Any]) -> str:
     if not d.get("window_store", True):
         return ("not known: this worker's data store is not gdask's window store (start workers with "
                 "<code>gdask worker</code> or <code>--preload gdask.scheduling</code>)")
-    disk = f", {_blocks(d['disk_count'])} on disk" if d["disk_count"] else ""
+    disk = f", {_n_blocks(d['disk_count'])} on disk" if d["disk_count"] else ""
     other = d.get("other_keys", 0)
     other = f"; {other} other value{'' if other == 1 else 's'} in host memory, outside the window" if other else ""
-    return (f"{_blocks(d['blocks'])}: {_blocks(d['device_count'])} on the device ({_bytes(d['window_bytes'])}), "
-            f"{_blocks(d['host_count'])} on the host ({_bytes(d['host_bytes'])}){disk}{other}")
+    return (f"{_n_blocks(d['blocks'])}: {_n_blocks(d['device_count'])} on the device ({_bytes(d['window_bytes'])}), "
+            f"{_n_blocks(d['host_count'])} on the host ({_bytes(d['host_bytes'])}){disk}{other}")
 
 
 def _device_card(d: dict[str, Any]) -> str:
