@@ -14,10 +14,13 @@ reps that started after ``warmup`` and ended before the window closed (all co-ru
 then); its *slowdown* in a co-location is that time over its solo time of the same round, so the
 load of the machine's other users drifts out. Solo runs and co-locations alternate, round by round.
 
-Profiles (what ``JobProfile`` gets): ``compute`` = CPU seconds / wall seconds of a solo run / cores
-(measured); ``bandwidth`` = DRAM bytes per rep / solo seconds per rep / peak bandwidth, where the
-bytes per rep are counted from the arrays each rep streams (arrays that fit in the L3 count 0) and
-the peak is the larger of one and two ``stream`` processes' measured throughput.
+Profiles (what ``JobProfile`` gets), measured per kernel kind: ``compute`` = the cores a solo run
+keeps busy or waiting to run / cores, i.e. (seconds on a CPU + seconds runnable in the run queue) /
+wall seconds / cores, from Linux's ``/proc/self/schedstat`` (so the machine's other users, who take
+CPU time from the kernel, do not make it look lighter; elsewhere: CPU seconds / wall seconds);
+``bandwidth`` = DRAM bytes per rep / solo seconds per rep / peak bandwidth, where the bytes per rep
+are counted from the arrays each rep streams (arrays that fit in the L3 count 0) and the peak is the
+larger of one and two ``stream`` processes' measured throughput.
 """
 
 from __future__ import annotations
@@ -48,6 +51,16 @@ def dram_bytes_per_rep(kind: str) -> int:
     passes (``multiply(c, s, out=a)``: read c, write a; ``add(a, b, out=a)``: read a and b, write
     a) move 5 arrays' worth; GEMM operands (L2) and the cached array (L3) count 0."""
     return 5 * 8 * KINDS[kind]["triad"]
+
+
+def _schedstat() -> tuple[float, float] | None:
+    """(seconds on a CPU, seconds waiting in the run queue) of this process (Linux), else None."""
+    try:
+        with open("/proc/self/schedstat") as f:
+            run, wait = f.read().split()[:2]
+        return int(run) / 1e9, int(wait) / 1e9
+    except (OSError, ValueError):
+        return None
 
 
 def _worker(conn, kinds: list[str]) -> None:  # runs in a spawned process
@@ -99,6 +112,7 @@ def _worker(conn, kinds: list[str]) -> None:  # runs in a spawned process
         end = start + duration
         times = []
         cpu0 = time.process_time()
+        sched0 = _schedstat()
         t_first = time.time()
         while True:
             t0 = time.time()
@@ -109,7 +123,11 @@ def _worker(conn, kinds: list[str]) -> None:  # runs in a spawned process
             if t0 >= start + warmup and t1 <= end:
                 times.append(t1 - t0)
         cpu = time.process_time() - cpu0
-        conn.send({"kind": kind, "times": times, "cpu": cpu, "wall": time.time() - t_first})
+        sched1 = _schedstat()
+        wall = time.time() - t_first
+        # cores demanded: on a CPU or runnable and waiting for one (None without schedstat)
+        demand = None if sched0 is None or sched1 is None else (sum(sched1) - sum(sched0)) / wall
+        conn.send({"kind": kind, "times": times, "cpu": cpu, "wall": wall, "demand": demand})
 
 
 def colocations(kinds: list[str], sizes: tuple[int, ...] = (2, 3)) -> list[tuple[str, ...]]:
@@ -208,9 +226,10 @@ class CoRunner:
         Returns
         -------
         dict
-            ``solo``: kind -> list of seconds per rep (one per round); ``cpu``: kind -> CPU share of
-            one core in its solo runs; ``obs``: list of ``(colocation, own kind, round, slowdown)``,
-            one per distinct kind of each co-location and round; ``peak_bw``: bytes/s.
+            ``solo``: kind -> list of seconds per rep (one per round); ``cpu``: kind -> cores it
+            demands in its solo runs (on a CPU or waiting for one); ``obs``: list of ``(colocation,
+            own kind, round, slowdown)``, one per distinct kind of each co-location and round;
+            ``peak_bw``: bytes/s.
         """
         solo: dict[str, list[float]] = {k: [] for k in self.kinds}
         cpu: dict[str, list[float]] = {k: [] for k in self.kinds}
@@ -223,7 +242,7 @@ class CoRunner:
                 r = self.run((k,))[0]
                 base[k] = statistics.mean(r["times"])
                 solo[k].append(base[k])
-                cpu[k].append(r["cpu"] / r["wall"])
+                cpu[k].append(r["demand"] if r.get("demand") is not None else r["cpu"] / r["wall"])
             if "stream" in self.kinds:
                 two = self.run(("stream", "stream"))
                 peak.append(max(dram_bytes_per_rep("stream") / base["stream"],

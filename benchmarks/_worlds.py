@@ -153,8 +153,10 @@ def score(train_obs, test_obs, profiles: dict[str, Any], model_factory: Callable
     Returns
     -------
     dict
-        ``mape_new`` (unseen co-locations), ``mape_train`` (in-sample), and the MAPE on the unseen
-        co-locations of two trivial predictors: ``mape_none`` (slowdown 1, no interference) and
+        ``mape_new`` (unseen co-locations, by the predictor the model chose: ``predictor``),
+        ``mape_linear`` (its linear predictor's, used or not), ``mape_train`` (in-sample), the
+        model's prequential errors ``online_errors``, and the MAPE on the unseen co-locations of
+        two trivial predictors: ``mape_none`` (slowdown 1, no interference) and
         ``mape_mean_by_size`` (the mean training slowdown of co-locations of the same size).
     """
     model = model_factory()
@@ -171,9 +173,11 @@ def score(train_obs, test_obs, profiles: dict[str, Any], model_factory: Callable
         by_size.setdefault(len(col), []).append(y)
     mean_size = {n: statistics.mean(v) for n, v in by_size.items()}
     pred = [(model.predict(profiles[own], others(col, own)), y) for col, own, y in test_obs]
+    linear = [(model.predict_with("linear", profiles[own], others(col, own)), y) for col, own, y in test_obs]
     return {
         "train_observations": len(train_obs), "test_observations": len(test_obs),
-        "mape_new": _mape(pred),
+        "mape_new": _mape(pred), "mape_linear": _mape(linear), "predictor": model.predictor,
+        "online_errors": model.online_errors(),
         "mape_train": _mape((model.predict(profiles[own], others(col, own)), y) for col, own, y in train_obs),
         "mape_none": _mape((1.0, y) for _, _, y in test_obs),
         "mape_mean_by_size": _mape((mean_size.get(len(col), 1.0), y) for col, _, y in test_obs),

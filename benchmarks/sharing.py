@@ -302,11 +302,12 @@ def table_worlds(args, log) -> dict:
 def report_worlds(worlds: dict, emulated: dict | None) -> None:
     fmt = (lambda x: "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}%")
     print("\ninterference model on co-locations it sees for the first time (MAPE; trained on the other half)")
-    print(f"{'world':<10}{'train/new':>10}{'model':>8}{'in-sample':>10}{'no-interf.':>11}{'mean-by-n':>10}"
-          f"{'noise':>7}  {'JCT gain vs whole-device':>25}{'vs first-fit':>14}  form")
+    print(f"{'world':<10}{'train/new':>10}{'model':>8}{'uses':>13}{'linear':>8}{'in-sample':>10}{'no-interf.':>11}"
+          f"{'mean-by-n':>10}{'noise':>7}  {'JCT gain vs whole-device':>25}{'vs first-fit':>14}  form")
     for name, w in worlds.items():
         sim = w["simulation"]
         print(f"{name:<10}{w['colocations_train']:>5}/{w['colocations_new']:<4}{fmt(w['mape_new']):>8}"
+              f"{w['predictor']:>13}{fmt(w['mape_linear']):>8}"
               f"{fmt(w['mape_train']):>10}{fmt(w['mape_none']):>11}{fmt(w['mape_mean_by_size']):>10}"
               f"{fmt(w['noise']):>7}  {sim['jct_gain_vs_whole_device']:>8.2f}x "
               f"({sim['jct_gain_vs_whole_device_range'][0]:.2f}-{sim['jct_gain_vs_whole_device_range'][1]:.2f})"
@@ -316,9 +317,11 @@ def report_worlds(worlds: dict, emulated: dict | None) -> None:
         print(f"{'emulated':<10}{'online':>10}{fmt(emulated.get('model_error_new')):>8}"
               f"{fmt(emulated.get('model_error')):>10}{'':>28}  {emulated['gain_whole']:>8.2f}x{'':>17}"
               f"{emulated['gain_ff']:>6.2f}x  the cluster run above (stated model + timing noise), measured JCT")
-    print("model = InterferenceModel trained on the training half; in-sample = on its own training data; "
-          "no-interf. = predicting 1.0; mean-by-n = mean training slowdown of co-locations of the same size; "
-          "noise = mean deviation of a round's slowdown from the median of its rounds (real world only)")
+    print("model = InterferenceModel trained on the training half, by the predictor it chose from its online errors "
+          "(uses: linear = its feature model, mean-by-size = the default); linear = its feature model's MAPE, used or "
+          "not; in-sample = on its own training data; no-interf. = predicting 1.0; mean-by-n = mean training slowdown "
+          "of co-locations of the same size; noise = mean deviation of a round's slowdown from the median of its "
+          "rounds (real world only): no predictor can be expected to err much less than the measurements vary")
     if worlds:
         w0 = next(iter(worlds.values()))["simulation"]
         print(f"JCT: event simulation, {w0['mixes']} seeded mixes of {w0['jobs']} jobs (solo 2-6 s, mean arrival gap "
@@ -393,8 +396,10 @@ def main(argv=None) -> int:
     worlds = table_worlds(args, log)
     report_worlds(worlds, emulated)
     if "real" in worlds:
-        mape = 100 * worlds["real"]["mape_new"]
-        print(f"real-contention world: interference model MAPE on new co-locations {mape:.1f}%")
+        r = worlds["real"]
+        print(f"real-contention world, new co-locations, same run: interference model MAPE {100 * r['mape_new']:.1f}% "
+              f"(uses {r['predictor']}; its linear feature model {100 * r['mape_linear']:.1f}%), mean-by-size "
+              f"{100 * r['mape_mean_by_size']:.1f}%, measurement noise {100 * r['noise']:.1f}%")
     out = {"setup": setup, "jobs": make_jobs(args.jobs, args.seed, args.scale, args.arrival)
            if "emulated" in args.worlds else [], "results": results, "worlds": worlds}
     _common.write_json(args.json, out)

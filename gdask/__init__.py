@@ -74,4 +74,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    """The public names (and the module's dunders): not the helpers this module imports for itself."""
+    return sorted(set(__all__) | {k for k in globals() if k.startswith("__") and k.endswith("__")})

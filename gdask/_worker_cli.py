@@ -68,7 +68,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument("--death-timeout", type=float, default=None,
                    help="seconds a worker waits for the scheduler before it closes itself")
     w.add_argument("--dashboard-address", default=":0", help="each worker's dashboard address (default: any port)")
-    w.add_argument("--no-dashboard", dest="dashboard", action="store_false", default=True)
+    w.add_argument("--no-dashboard", dest="dashboard", action="store_false", default=True,
+                   help="no dashboard on the workers")
 
 
 def _security(args: argparse.Namespace) -> Any:

@@ -3,9 +3,10 @@
 Every function returns a :class:`matplotlib.figure.Figure` (shown inline in Jupyter; ``fig.savefig``
 elsewhere) and draws into ``ax`` / ``axes`` when given.
 
-* :func:`history`: per-iteration time and inertia / loss of a fit (``km``, ``km.history_``,
-  ``gdask.iterate``'s result);
-* :func:`device_load`: per-device busy share over time (the dashboard's samples, from the scheduler);
+* :func:`history`: per-iteration time and every figure a fit records (inertia, rows changed, loss,
+  change, bytes moved, ...: a panel each) of ``km``, ``km.history_``, ``gdask.iterate``'s result;
+* :func:`device_load`: per-device busy share over time (the dashboard's samples, from the scheduler,
+  with one taken when it is called, so a fit that just ended is in it);
 * :func:`window`: window-cache hit rate and bytes moved per pass;
 * :func:`load_balance`, :func:`window_benchmark`, :func:`sharing`: the figures of
   ``benchmarks/load_balance.py``, ``window.py`` and ``sharing.py`` (their ``--plot out.png``).
@@ -17,8 +18,12 @@ from typing import Any, Mapping, Sequence
 
 __all__ = ["device_load", "history", "load_balance", "save", "sharing", "window", "window_benchmark"]
 
-#: metrics drawn by :func:`history`, first found wins
-_METRICS = ("inertia", "loss", "change", "changed")
+#: record fields that are bookkeeping, not figures of the fit (not drawn by :func:`history`)
+_NOT_FIGURES = ("iteration", "seconds", "mode", "line", "converged")
+#: the fits' main figures, drawn first (then the others in the order they appear)
+_MAIN_FIGURES = ("inertia", "changed", "loss", "change", "validation_score")
+#: figures drawn on a log scale when all positive (they shrink by orders of magnitude)
+_LOG_FIGURES = ("loss", "change", "center_shift", "grad_max")
 
 
 def _pyplot():
@@ -59,15 +64,47 @@ def _records(fit: Any) -> list[dict]:
                     f"records, got {type(fit).__name__}")
 
 
+def _figures(recs: list[dict]) -> list[str]:
+    """The numeric fields of the records (bookkeeping aside): the main figures first, then the
+    others in the order they first appear."""
+    out: list[str] = []
+    for r in recs:
+        for k, v in r.items():
+            if k not in _NOT_FIGURES and k not in out and isinstance(v, (int, float)) and not isinstance(v, bool):
+                out.append(k)
+    return sorted(out, key=lambda k: (_MAIN_FIGURES.index(k) if k in _MAIN_FIGURES else len(_MAIN_FIGURES)))
+
+
+def _figure_panel(ax: Any, name: str, it: list, recs: list[dict]) -> None:
+    pts = [(i, float(r[name])) for i, r in zip(it, recs)
+           if isinstance(r.get(name), (int, float)) and not isinstance(r.get(name), bool)]
+    ys = [p[1] for p in pts]
+    label = name
+    if "bytes" in name:  # bytes_h2d, h2d_bytes, channel_bytes, bytes_reused
+        ys = [y / 2**20 for y in ys]
+        label = f"{name} (MiB)"
+    ax.plot([p[0] for p in pts], ys, marker="o", ms=3, color="#e45756")
+    ax.set_ylabel(label, fontsize=8)
+    if name in _LOG_FIGURES and ys and all(y > 0 for y in ys):
+        ax.set_yscale("log")
+
+
 def history(fit: Any, axes: Sequence[Any] | None = None, title: str | None = None):
-    """Time per iteration (bars) and the fit's metric (inertia, loss or change) per iteration.
+    """Time per iteration (bars) and, one panel each, every figure the fit recorded per iteration.
+
+    The figures are the records' numeric fields: K-means ``inertia`` (Lloyd passes), ``changed``
+    (rows reassigned on a bounds pass) and ``center_shift``; logistic regression ``loss`` and
+    ``grad_max``; :func:`gdask.iterate` ``change``, tasks ``executed`` / ``reused``; ``bytes_h2d``
+    of a fit that streamed (in MiB); and any other a ``callback`` received. A figure recorded on
+    some iterations only (``inertia`` then ``changed``) is drawn where it was recorded.
 
     Parameters
     ----------
     fit : estimator, IterateResult or list of dict
         ``KMeans`` / ``LogisticRegression`` after ``fit`` (their ``history_``), the result of
         ``gdask.iterate``, or the records a ``callback`` received.
-    axes : pair of matplotlib Axes, optional
+    axes : sequence of matplotlib Axes, optional
+        One for the time and one per figure (default: new ones, stacked).
     title : str, optional
 
     Returns
@@ -77,33 +114,39 @@ def history(fit: Any, axes: Sequence[Any] | None = None, title: str | None = Non
     recs = _records(fit)
     if not recs:
         raise ValueError("the fit has no per-iteration records (did it run?)")
-    fig, axes = _two_axes(axes)
+    names = _figures(recs)
+    if axes is None:
+        fig, axes = _pyplot().subplots(1 + len(names), 1, figsize=(6, 1.9 + 1.5 * len(names)), sharex=True,
+                                       constrained_layout=True, squeeze=False)
+        axes = [a[0] for a in axes]
+    else:
+        axes = list(axes)
+        if len(axes) != 1 + len(names):
+            raise ValueError(f"history needs {1 + len(names)} axes (the time, then {', '.join(names) or 'none'}), "
+                             f"got {len(axes)}")
+        fig = axes[0].figure
     it = [r.get("iteration", i + 1) for i, r in enumerate(recs)]
-    ms = [1e3 * float(r.get("seconds") or 0.0) for r in recs]
-    axes[0].bar(it, ms, color="#4c78a8")
-    axes[0].set_ylabel("ms per iteration")
+    axes[0].bar(it, [1e3 * float(r.get("seconds") or 0.0) for r in recs], color="#4c78a8")
+    axes[0].set_ylabel("ms per iteration", fontsize=8)
     modes = sorted({str(r["mode"]) for r in recs if r.get("mode")})
-    if modes:
-        axes[0].set_title(title or f"{type(fit).__name__ if hasattr(fit, 'history_') else 'fit'} "
-                          f"(loop: {', '.join(modes)})", fontsize=10)
-    metric = next((m for m in _METRICS if any(isinstance(r.get(m), (int, float)) for r in recs)), None)
-    if metric is not None:
-        pts = [(i, float(r[metric])) for i, r in zip(it, recs) if isinstance(r.get(metric), (int, float))]
-        axes[1].plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color="#e45756")
-        axes[1].set_ylabel(metric)
-        if metric in ("loss", "change") and all(p[1] > 0 for p in pts):
-            axes[1].set_yscale("log")
-    axes[1].set_xlabel("iteration")
+    name = type(fit).__name__ if hasattr(fit, "history_") else "fit"
+    axes[0].set_title(title or (f"{name} (loop: {', '.join(modes)})" if modes else name), fontsize=10)
+    for ax, figure in zip(axes[1:], names):
+        _figure_panel(ax, figure, it, recs)
+    axes[-1].set_xlabel("iteration")
     return fig
 
 
-def _load_history(dask_scheduler: Any = None) -> dict[str, list[tuple[float, float]]]:
-    """(on the scheduler) Busy share per device over time from the dashboard's samples."""
+def _load_history(dask_scheduler: Any = None, fresh: dict | None = None) -> dict[str, list[tuple[float, float]]]:
+    """(on the scheduler) Busy share per device over time from the dashboard's samples; with
+    ``fresh`` (``{worker address: its gdask metrics}``) one more sample of those first."""
     from gdask import protocol
 
     plugin = dask_scheduler.plugins.get(protocol.PLUGIN_DASHBOARD)
     if plugin is None:
         return {}
+    if fresh:
+        plugin.sample(fresh)
     out = {}
     for addr, h in plugin.history.items():
         ws = dask_scheduler.workers.get(addr)
@@ -115,14 +158,39 @@ def _load_history(dask_scheduler: Any = None) -> dict[str, list[tuple[float, flo
     return out
 
 
+def _gdask_metrics(dask_worker: Any = None) -> dict[str, Any]:
+    """(on a worker) Its gdask metrics now (what its next heartbeat would carry)."""
+    from gdask import protocol
+
+    names = (protocol.METRIC_DEVICE, protocol.METRIC_STREAMS, protocol.METRIC_WINDOW)
+    return {n: dask_worker.metrics[n](dask_worker) for n in names if n in dask_worker.metrics}
+
+
+def _sampled_now(client: Any) -> dict[str, list[tuple[float, float]]]:
+    """The dashboard's samples with one more taken now from every worker: the workers' counters
+    reach the scheduler with their heartbeats (every second or more), so a fit that just ended would
+    be missing. Bounded by config ``gdask.timeouts.metrics``."""
+    from gdask import config
+    from gdask._compat import run_sync
+
+    timeout = float(config.get("timeouts.metrics", 10))
+    try:
+        fresh = run_sync(client, _gdask_metrics, timeout=timeout)
+    except TimeoutError as e:
+        raise TimeoutError(f"device_load: the workers did not send their device counters within {timeout:g} s "
+                           "(config gdask.timeouts.metrics)") from e
+    return client.run_on_scheduler(_load_history, fresh={a: m for a, m in fresh.items() if m})
+
+
 def device_load(source: Any = None, ax: Any = None):
-    """Busy share of every device over time (the last five minutes the dashboard sampled).
+    """Busy share of every device over time (the last five minutes the dashboard sampled, and now).
 
     Parameters
     ----------
     source : distributed.Client or dict, optional
-        A client of a gdask cluster (default: the current client), or ``{device name: [(time,
-        busy share), ...]}``.
+        A client of a gdask cluster (default: the current client): the dashboard's samples, plus
+        one taken from the workers when called (so a fit that just ended is drawn); or
+        ``{device name: [(time, busy share), ...]}``.
     ax : matplotlib Axes, optional
 
     Returns
@@ -134,7 +202,7 @@ def device_load(source: Any = None, ax: Any = None):
             from distributed import default_client
 
             source = default_client()
-        series = source.run_on_scheduler(_load_history)
+        series = _sampled_now(source)
     else:
         series = dict(source)
     plt = _pyplot()

@@ -105,6 +105,9 @@ def ensure_plugins(client: Any, extra: tuple = (), *, standard: bool = True) -> 
         if not missing:
             return
         have = client.run_on_scheduler(_cluster_has, missing)
+        absent = [n for n in _SCHEDULER_PLUGINS if n in missing and not have.get(n)]
+        if absent and client.run_on_scheduler(_tasks_held):  # work ran without them: say so, once
+            _warn_missing_scheduler_plugins(absent)
         for name in missing:
             if not have.get(name):
                 make = wanted[name]
@@ -112,6 +115,31 @@ def ensure_plugins(client: Any, extra: tuple = (), *, standard: bool = True) -> 
                 if name == protocol.PLUGIN_DEVICE:
                     _wait_for_devices(client)
             done.add(name)
+
+
+#: gdask's scheduler plugins: without them Dask places blocks by its own rules (not by device speed)
+_SCHEDULER_PLUGINS = (protocol.PLUGIN_PLACEMENT, protocol.PLUGIN_JOBS)
+
+
+def _tasks_held(dask_scheduler: Any = None) -> int:
+    """(on the scheduler) Tasks it knows of: work submitted before gdask's plugins were there."""
+    return len(dask_scheduler.tasks)
+
+
+def _warn_missing_scheduler_plugins(absent: list[str]) -> None:
+    """Warn (a :class:`gdask.GDaskWarning`) that work ran on the cluster without gdask's scheduler
+    plugins: what was placed before they are installed now was placed by Dask's own rules. Once per
+    client and cluster: :func:`ensure_plugins` asks the scheduler once per client and plugin, and
+    installs them right after."""
+    import warnings
+
+    from gdask import GDaskWarning
+
+    warnings.warn(
+        f"gdask: this cluster's scheduler ran work without gdask's scheduler plugins ({', '.join(absent)}): gdask "
+        "installs them now. Work submitted before now, e.g. blocks persisted already, was placed by Dask's own "
+        "rules, not by device speed (persist them again to place them). Start the scheduler with "
+        "`dask scheduler --preload gdask.scheduling` to have them from the start.", GDaskWarning, stacklevel=3)
 
 
 def _devices_reported(dask_scheduler: Any = None) -> bool:
@@ -237,7 +265,9 @@ class Job:
         self.close()
 
     def __repr__(self) -> str:
-        mem = "auto" if self.memory is None else f"{self.memory / 2**30:.3g} GiB"
+        from dask.utils import format_bytes  # the units of the jobs table and the dashboard
+
+        mem = "auto" if self.memory is None else format_bytes(int(self.memory))
         return f"<gdask.job {self.name!r} gpu={self.gpu:g} memory={mem} {self.status} on {self.devices}>"
 
 

@@ -100,21 +100,31 @@ class DashboardPlugin(SchedulerPlugin):
         self.history.pop(worker, None)
 
     # -- data -----------------------------------------------------------------------------------
-    def sample(self) -> None:
-        """Record every device worker's cumulative counters (busy time, transfers, window reads)."""
+    def sample(self, fresh: dict[str, dict] | None = None) -> None:
+        """Record every device worker's cumulative counters (busy time, transfers, window reads).
+
+        Parameters
+        ----------
+        fresh : dict, optional
+            ``{worker address: its gdask metrics}`` read from the workers just now (for a sample
+            that includes work their last heartbeat did not report); other workers: their
+            heartbeat's metrics.
+        """
         s = self.scheduler
         if s is None:
             return
         now = time.time()
         for addr, ws in list(s.workers.items()):
-            m = ws.metrics or {}
+            m = (fresh or {}).get(addr) or ws.metrics or {}
             dev = m.get(protocol.METRIC_DEVICE) or {}
             if not dev:
                 continue
             win = m.get(protocol.METRIC_WINDOW) or {}
             h = self.history.setdefault(addr, deque(maxlen=_KEEP))
-            h.append((now, _num(dev.get("busy_time")), _num(dev.get("memory_used")), _num(win.get("hits")),
-                      _num(win.get("reads"))))
+            busy = _num(dev.get("busy_time"))
+            if h:  # a heartbeat read before a fresh sample may arrive after it: busy time never goes back
+                busy = max(busy, h[-1][1])
+            h.append((now, busy, _num(dev.get("memory_used")), _num(win.get("hits")), _num(win.get("reads"))))
 
     def busy_share(self, addr: str, streams: float, since: float | None = None) -> float | None:
         """Device busy time over wall time (divided by the streams running at once) since ``since``
@@ -146,6 +156,21 @@ class DashboardPlugin(SchedulerPlugin):
         return dashboard_data(self.scheduler, self)
 
 
+def _held(win: dict[str, Any]) -> dict[str, Any]:
+    """The blocks a worker's window store holds, per tier, from its ``gdask_window`` metric.
+
+    ``window_bytes`` / ``device_count``: the blocks on the device, and those being copied there
+    (in flight). ``blocks``: every block the store manages (device, in flight, host, disk).
+    ``other_keys``: values the store keeps outside its tiers (results, host arrays, and blocks
+    that are not device arrays, e.g. as received from another worker), in host memory. A worker
+    whose data store is not gdask's window store reports none of these (``window_store`` False)."""
+    device = int(_num(win.get("device_blocks"))) + int(_num(win.get("in_flight_blocks")))
+    host, disk = int(_num(win.get("host_blocks"))), int(_num(win.get("disk_blocks")))
+    return {"window_bytes": _num(win.get("window_bytes")), "host_bytes": _num(win.get("host_bytes")),
+            "device_count": device, "host_count": host, "disk_count": disk, "blocks": device + host + disk,
+            "other_keys": int(_num(win.get("plain_keys"))), "window_store": bool(win)}
+
+
 def dashboard_data(scheduler: Any, plugin: DashboardPlugin | None = None) -> dict[str, Any]:
     """What the page shows, from the scheduler's state (JSON-able).
 
@@ -153,8 +178,11 @@ def dashboard_data(scheduler: Any, plugin: DashboardPlugin | None = None) -> dic
     -------
     dict
         ``devices``: one dict per device worker (``name``, ``address``, ``backend``, ``device_name``,
-        ``memory``, ``memory_used``, ``window_bytes``, ``host_bytes``, ``device_count``, ``host_count``,
-        ``disk_count`` (blocks per tier), ``streams``,
+        ``memory``, ``memory_used``, ``window_bytes`` (bytes of the blocks on the device or being
+        copied there), ``host_bytes``, ``device_count``, ``host_count``, ``disk_count`` (blocks per
+        tier), ``blocks`` (all of them), ``other_keys`` (values kept outside the window's tiers),
+        ``window_store`` (whether the worker stores its data in gdask's window store: without it
+        no block figures), ``streams``,
         ``max_streams``, ``placed``, ``speed_measured``, ``speed_configured``, ``hit_rate``,
         ``busy``, ``busy_series``, ``tasks``, ``bytes_h2d``); ``jobs``: the jobs table's rows;
         ``reuse``: ``{"submitted", "reused", "graphs"}``; ``policy``, ``moves``, ``time``.
@@ -176,9 +204,7 @@ def dashboard_data(scheduler: Any, plugin: DashboardPlugin | None = None) -> dic
             "name": str(ws.name), "address": addr, "backend": dev.get("backend"),
             "device_name": dev.get("name"), "index": dev.get("index"),
             "memory": _num(dev.get("memory")), "memory_used": _num(dev.get("memory_used")),
-            "window_bytes": _num(win.get("window_bytes")), "host_bytes": _num(win.get("host_bytes")),
-            # blocks per tier of the window store (its metrics name them "<tier>_" + "blocks")
-            **{f"{tier}_count": int(_num(win.get(f"{tier}_blocks"))) for tier in ("device", "host", "disk")},
+            **_held(win),
             "hit_rate": win.get("hit_rate") if win.get("reads") else None, "reads": int(_num(win.get("reads"))),
             "streams": int(streams), "max_streams": int(_num(st.get("max_streams") or streams, streams)),
             "placed": int(_num(ps.get("placed"))), "speed_measured": ps.get("speed_measured"),
@@ -228,12 +254,36 @@ def _e(x: Any) -> str:
 
 def _sparkline(values: list[float], width: int = 220, height: int = 28) -> str:
     if len(values) < 2:
-        return f'<svg class="spark" width="{width}" height="{height}"></svg>'
+        return f'<svg class="spark" viewBox="0 0 {width} {height}"></svg>'
     n = len(values)
     pts = " ".join(f"{i * (width - 2) / (n - 1) + 1:.1f},{height - 1 - v * (height - 2):.1f}"
                    for i, v in enumerate(values))
-    return (f'<svg class="spark" width="{width}" height="{height}" viewBox="0 0 {width} {height}">'
-            f'<polyline fill="none" stroke="#e45756" stroke-width="1.5" points="{pts}"/></svg>')
+    return (f'<svg class="spark" viewBox="0 0 {width} {height}" preserveAspectRatio="none">'
+            f'<polyline fill="none" stroke="#e45756" stroke-width="1.5" vector-effect="non-scaling-stroke" '
+            f'points="{pts}"/></svg>')
+
+
+def _scale(used: float, total: float) -> float:
+    """The gauge's full scale: ``total``, or where ``used`` would be a sliver of it (under 5%), the
+    smallest power of two at least 1.25 times ``used`` (so 48 MiB of 4 GiB reads on a 64 MiB scale)."""
+    if total <= 0:
+        return max(used, 1.0)
+    if used <= 0 or used >= 0.05 * total:
+        return total
+    return float(min(total, 2 ** math.ceil(math.log2(1.25 * used))))
+
+
+def _gauge(segs: list[tuple[float, str, str]], total: float) -> str:
+    """A bar of byte segments ``(bytes, colour, what)`` against ``total`` bytes; a gauge whose
+    segments would be invisible on that scale is drawn on a smaller one, said under the bar."""
+    used = sum(v for v, _, _ in segs)
+    scale = _scale(used, total)
+    inner = "".join(f'<div class="seg" title="{_e(t)}: {_bytes(v)}" style="width:{min(100.0, 100 * v / scale):.2f}%;'
+                    f'background:{c}"></div>' for v, c, t in segs if v > 0)
+    if scale < total:
+        return (f'<div class="gauge"><div class="bar zoom">{inner}</div><div class="scale">scale 0 – {_bytes(scale)}'
+                f' (the budget, {_bytes(total)}, is {total / scale:.0f}x longer)</div></div>')
+    return f'<div class="gauge"><div class="bar">{inner}</div></div>'
 
 
 def _memory_bar(d: dict[str, Any]) -> str:
@@ -241,32 +291,45 @@ def _memory_bar(d: dict[str, Any]) -> str:
     used = min(d["memory_used"], total)
     window = min(d["window_bytes"], used) if used else min(d["window_bytes"], total)
     other = max(used - window, 0.0)
-    segs = [(window, "#4c78a8", "window-resident blocks"), (other, "#9ecae9", "other device allocations")]
-    inner = "".join(f'<div class="seg" title="{_e(t)}: {_bytes(v)}" style="width:{100 * v / total:.2f}%;'
-                    f'background:{c}"></div>' for v, c, t in segs if v > 0)
-    return f'<div class="bar">{inner}</div>'
+    return _gauge([(window, "#4c78a8", "window-resident blocks"), (other, "#9ecae9", "other device allocations")],
+                  total)
 
 
 def _busy_bar(x: float | None) -> str:
     w = 0.0 if x is None else 100 * x
-    return f'<div class="bar"><div class="seg" style="width:{w:.1f}%;background:#e45756"></div></div>'
+    return f'<div class="gauge"><div class="bar"><div class="seg" style="width:{w:.1f}%;background:#e45756"></div>' \
+           f'</div></div>'
+
+
+def _n_blocks(n: int) -> str:
+    return f"{n} block{'' if n == 1 else 's'}"
+
+
+def _held_text(d: dict[str, Any]) -> str:
+    if not d.get("window_store", True):
+        return ("not known: this worker's data store is not gdask's window store (start workers with "
+                "<code>gdask worker</code> or <code>--preload gdask.scheduling</code>)")
+    disk = f", {_n_blocks(d['disk_count'])} on disk" if d["disk_count"] else ""
+    other = d.get("other_keys", 0)
+    other = f"; {other} other value{'' if other == 1 else 's'} in host memory, outside the window" if other else ""
+    return (f"{_n_blocks(d['blocks'])}: {_n_blocks(d['device_count'])} on the device ({_bytes(d['window_bytes'])}), "
+            f"{_n_blocks(d['host_count'])} on the host ({_bytes(d['host_bytes'])}){disk}{other}")
 
 
 def _device_card(d: dict[str, Any]) -> str:
     speed = d["speed_measured"]
     speed_s = "not measured yet" if speed is None else f"{speed:.2f}"
     label = d["backend"] if d["device_name"] in (None, d["backend"]) else f"{d['device_name']} ({d['backend']})"
-    spill = _bytes(d["host_bytes"]) + (f" + {d['disk_count']} blocks on disk" if d["disk_count"] else "")
+    used_pct = f" ({100 * d['memory_used'] / d['memory']:.1f}%)" if d["memory"] else ""
     return f"""
 <div class="card" data-device="{_e(d['name'])}">
   <h3>device {_e(d['name'])} <span class="sub">{_e(label)} · {_e(d['address'])}</span></h3>
   <div class="row"><span class="k">busy</span>{_busy_bar(d['busy'])}<span class="v">{_pct(d['busy'])}</span></div>
   <div class="row"><span class="k">busy (history)</span>{_sparkline(d['busy_series'])}</div>
   <div class="row"><span class="k">memory</span>{_memory_bar(d)}
-    <span class="v">{_bytes(d['memory_used'])} / {_bytes(d['memory'])}</span></div>
+    <span class="v">{_bytes(d['memory_used'])} of {_bytes(d['memory'])}{used_pct}</span></div>
   <table class="kv">
-    <tr><td>window-resident</td><td>{_bytes(d['window_bytes'])} ({d['device_count']} blocks)</td>
-        <td>spilled to host</td><td>{spill} ({d['host_count']} blocks)</td></tr>
+    <tr><td>blocks held</td><td colspan="3" class="held">{_held_text(d)}</td></tr>
     <tr><td>streams K</td><td>{d['streams']} of {d['max_streams']}</td>
         <td>window hit rate</td><td>{_pct(d['hit_rate'])} of {d['reads']} reads</td></tr>
     <tr><td>tasks placed</td><td>{d['placed']}</td>
@@ -286,7 +349,7 @@ def _placement_chart(devices: list[dict[str, Any]]) -> str:
     speeds = [d["speed_measured"] if d["speed_measured"] is not None else d["speed_configured"] for d in devices]
     total = sum(speeds) or 1.0
     rows = "".join(
-        f'<div class="row"><span class="k">device {_e(d["name"])}</span><div>'
+        f'<div class="row"><span class="k">device {_e(d["name"])}</span><div class="gauge">'
         f'<div class="bar"><div class="seg" style="width:{100 * d["placed"] / placed:.1f}%;background:#f58518">'
         f'</div></div><div class="bar"><div class="seg" style="width:{100 * sp / total:.1f}%;background:#54a24b">'
         f'</div></div></div><span class="v">{100 * d["placed"] / placed:.0f}% of tasks · {100 * sp / total:.0f}% of '
@@ -337,23 +400,28 @@ _STYLE = """
 body{font-family:-apple-system,BlinkMacSystemFont,"Segoe UI",Helvetica,Arial,sans-serif;margin:0;color:#222}
 header{background:#2c2c2c;color:#eee;padding:8px 16px;font-size:15px}
 header a{color:#ffa600;margin-right:14px;text-decoration:none}
-main{padding:12px 16px}
+main{padding:12px 16px;box-sizing:border-box;width:100%}
 h2{font-size:16px;margin:16px 0 6px}
 .summary{font-size:13px;color:#444;margin-bottom:10px}
-.cards{display:flex;flex-wrap:wrap;gap:12px}
-.card{border:1px solid #ddd;border-radius:6px;padding:8px 12px;width:520px;background:#fafafa}
+.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(440px,1fr));gap:12px}
+.card{border:1px solid #ddd;border-radius:6px;padding:8px 12px;background:#fafafa;min-width:0}
 .card h3{margin:0 0 6px;font-size:15px}
 .sub{color:#777;font-size:12px;font-weight:normal}
 .row{display:flex;align-items:center;gap:8px;margin:3px 0;font-size:13px}
-.k{width:110px;color:#555}
-.v{font-variant-numeric:tabular-nums;color:#333;white-space:nowrap}
+.k{flex:0 0 110px;color:#555}
+.v{flex:0 0 auto;font-variant-numeric:tabular-nums;color:#333;white-space:nowrap}
 .legend{font-size:11px;color:#666}.legend i{display:inline-block;width:10px;height:10px;margin:0 3px 0 8px}
-.bar{display:flex;width:260px;height:14px;background:#e8e8e8;border-radius:3px;overflow:hidden}
+.gauge{flex:1 1 auto;min-width:120px}
+.bar{display:flex;width:100%;height:14px;background:#e8e8e8;border-radius:3px;overflow:hidden;margin:1px 0}
+.bar.zoom{border-right:3px dashed #888;box-sizing:border-box}
+.scale{font-size:10px;color:#777}
 .seg{height:100%}
-table.kv{font-size:12px;border-collapse:collapse;margin-top:4px}
-table.kv td{padding:1px 8px 1px 0}
+.spark{flex:1 1 auto;min-width:120px;height:28px}
+table.kv{font-size:12px;border-collapse:collapse;margin-top:4px;width:100%}
+table.kv td{padding:1px 8px 1px 0;white-space:nowrap}
 table.kv td:nth-child(odd){color:#666}
-table.jobs{border-collapse:collapse;font-size:13px}
+table.kv td.held{color:#222;white-space:normal}
+table.jobs{border-collapse:collapse;font-size:13px;width:100%}
 table.jobs th,table.jobs td{border-bottom:1px solid #ddd;padding:3px 8px;text-align:left}
 """
 

@@ -1,10 +1,19 @@
 """Interference model: the slowdown of a job's task when it shares a device with other jobs.
 
 Pure object: observed co-execution slowdowns in, predicted slowdowns out. No clocks, no I/O, no
-Dask. The model is not told how devices contend: it fits a linear model over generic interaction
-features of the jobs' profiles (own compute x others' compute, own bandwidth x others' bandwidth,
-the cross terms, over-subscription of each resource, number of co-runners) by recursive least
-squares, one observation at a time.
+Dask. The model is not told how devices contend. It keeps two predictors and uses the one whose
+predictions have been better so far:
+
+* ``"mean-by-size"``: the mean slowdown observed for co-locations of the same size (the default:
+  it needs nothing but the count of co-runners);
+* ``"linear"``: a linear model over interaction features of the jobs' profiles (own compute x
+  others' compute, own bandwidth x others' bandwidth, the cross terms, over-subscription of each
+  resource, number of co-runners), fitted by recursive least squares, one observation at a time.
+
+Both predict every observation before learning from it (prequential error); the linear model is
+used once it has seen enough observations and its error so far is the lower. On contention its
+features describe it wins (it tells a compute-bound pair from a mixed pair); where the measured
+slowdowns are mostly noise it does not, and the simpler predictor stays in use.
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["FEATURES", "InterferenceModel", "JobProfile"]
+__all__ = ["FEATURES", "PREDICTORS", "InterferenceModel", "JobProfile"]
 
 
 def _fraction(value: float, name: str) -> float:
@@ -80,16 +89,26 @@ FEATURES = (
     "n",           # number of co-runners
     "over_m",      # memory over-subscription
 )
+#: The predictors an :class:`InterferenceModel` chooses from (see the module's description).
+PREDICTORS = ("mean-by-size", "linear")
 
 
 class InterferenceModel:
     """Predicts the slowdown (>= 1) of a job's task when co-located with other jobs on a device.
 
-    ``slowdown = 1 + max(0, theta . phi(own, others))`` where ``phi`` are the interaction features
-    listed in :data:`FEATURES` (all zero for a job alone, so a job alone is predicted 1.0) and
-    ``theta`` is learned online by recursive least squares (ridge prior, optional forgetting).
-    Profiles are fractions of one device (see :class:`JobProfile`); scale them with
-    :meth:`JobProfile.scaled` for devices of other capacities.
+    Two predictors (:data:`PREDICTORS`), both learned online from every observation:
+
+    * ``"mean-by-size"``: ``1 + max(0, mean(slowdown - 1))`` over the observations with as many
+      co-runners (the default);
+    * ``"linear"``: ``1 + max(0, theta . phi(own, others))`` where ``phi`` are the interaction
+      features listed in :data:`FEATURES` (all zero for a job alone) and ``theta`` is learned by
+      recursive least squares (ridge prior, optional forgetting).
+
+    :meth:`predict` uses the linear model once it has ``min_observations`` observations and its
+    prequential error (of the predictions made before each observation) is lower than the size
+    mean's; :attr:`predictor` says which is in use. A job alone is always predicted 1.0. Profiles
+    are fractions of one device (see :class:`JobProfile`); scale them with :meth:`JobProfile.scaled`
+    for devices of other capacities.
 
     Parameters
     ----------
@@ -98,7 +117,9 @@ class InterferenceModel:
         observations accumulate.
     forgetting : float
         Weight kept by past observations at each update, in (0, 1]; 1.0 never forgets, 0.99
-        tracks drifting behaviour.
+        tracks drifting behaviour (both predictors and their errors forget alike).
+    min_observations : int, optional
+        Observations before the linear model may be used (default: twice its feature count).
 
     Examples
     --------
@@ -112,7 +133,7 @@ class InterferenceModel:
     1.6
     """
 
-    def __init__(self, ridge: float = 1e-2, forgetting: float = 1.0) -> None:
+    def __init__(self, ridge: float = 1e-2, forgetting: float = 1.0, min_observations: int | None = None) -> None:
         if not (math.isfinite(ridge) and ridge > 0):
             raise ValueError(f"ridge must be a finite number > 0, got {ridge!r}")
         if not 0 < forgetting <= 1:
@@ -120,10 +141,15 @@ class InterferenceModel:
         self.ridge = float(ridge)
         self.forgetting = float(forgetting)
         k = len(FEATURES)
+        self.min_observations = 2 * k if min_observations is None else int(min_observations)
         self.theta = np.zeros(k)
         self._p = np.eye(k) / self.ridge
         self.n_observations = 0
-        self._abs_pct = 0.0  # sum of prequential absolute percentage errors
+        self._abs_pct = 0.0  # sum of prequential absolute percentage errors of what predict() returned
+        #: per predictor: (forgetting-weighted sum of prequential absolute percentage errors, weight)
+        self._errors = {name: [0.0, 0.0] for name in PREDICTORS}
+        #: co-runners -> (forgetting-weighted sum of slowdown - 1, weight)
+        self._by_size: dict[int, list[float]] = {}
 
     # -- features -------------------------------------------------------------------------------
     @staticmethod
@@ -159,15 +185,23 @@ class InterferenceModel:
         y = float(slowdown)
         if not (math.isfinite(y) and y > 0):
             raise ValueError(f"slowdown must be a finite number > 0 (time together / time alone), got {slowdown!r}")
+        others = list(others)
         phi = self.features(own, others)
-        before = self._from(phi)
+        before = self.predict(own, others)
         self._abs_pct += abs(before - y) / y
         lam = self.forgetting
+        for name in PREDICTORS:  # each predictor's own error, whichever was in use
+            err = self._errors[name]
+            err[0] = lam * err[0] + abs(self.predict_with(name, own, others) - y) / y
+            err[1] = lam * err[1] + 1.0
         p_phi = self._p @ phi
         gain = p_phi / (lam + phi @ p_phi)
         self.theta = self.theta + gain * ((y - 1.0) - self.theta @ phi)
         self._p = (self._p - np.outer(gain, p_phi)) / lam
         self._p = (self._p + self._p.T) / 2.0  # keep it symmetric against round-off
+        size = self._by_size.setdefault(len(others), [0.0, 0.0])
+        size[0] = lam * size[0] + (y - 1.0)
+        size[1] = lam * size[1] + 1.0
         self.n_observations += 1
         return before
 
@@ -175,9 +209,33 @@ class InterferenceModel:
     def _from(self, phi: np.ndarray) -> float:
         return 1.0 + max(0.0, float(self.theta @ phi))
 
-    def predict(self, own: JobProfile, others: Iterable[JobProfile]) -> float:
-        """Predicted slowdown (>= 1) of ``own``'s tasks when ``others`` share its device."""
+    @property
+    def predictor(self) -> str:
+        """The predictor :meth:`predict` uses now: ``"linear"`` once it has ``min_observations``
+        observations and the lower error so far, else ``"mean-by-size"``."""
+        lin, size = self._errors["linear"], self._errors["mean-by-size"]
+        if self.n_observations >= self.min_observations and lin[1] > 0 and lin[0] < size[0]:
+            return "linear"
+        return "mean-by-size"
+
+    def predict_with(self, predictor: str, own: JobProfile, others: Iterable[JobProfile]) -> float:
+        """The slowdown ``predictor`` (one of :data:`PREDICTORS`) predicts, whichever is in use.
+        The size mean of a co-location size never observed is the linear model's prediction."""
+        others = list(others)
+        if not others:
+            return 1.0
+        if predictor == "mean-by-size":
+            size = self._by_size.get(len(others))
+            if size is not None and size[1] > 0:
+                return 1.0 + max(0.0, size[0] / size[1])
+        elif predictor != "linear":
+            raise ValueError(f"predictor must be one of {PREDICTORS}, got {predictor!r}")
         return self._from(self.features(own, others))
+
+    def predict(self, own: JobProfile, others: Iterable[JobProfile]) -> float:
+        """Predicted slowdown (>= 1) of ``own``'s tasks when ``others`` share its device (by the
+        predictor in use, :attr:`predictor`)."""
+        return self.predict_with(self.predictor, own, others)
 
     def error(self, samples: Iterable[tuple[JobProfile, Sequence[JobProfile], float]]) -> float:
         """Mean absolute percentage error on ``(own, others, measured slowdown)`` samples, as a
@@ -196,8 +254,14 @@ class InterferenceModel:
     @property
     def online_error(self) -> float | None:
         """Mean absolute percentage error of the predictions made before each observation
-        (prequential error, a fraction), or None before the first observation."""
+        (prequential error of what :meth:`predict` returned, a fraction), or None before the
+        first observation."""
         return self._abs_pct / self.n_observations if self.n_observations else None
+
+    def online_errors(self) -> dict[str, float | None]:
+        """Each predictor's prequential error (forgetting-weighted mean, a fraction; None before
+        the first observation): what :attr:`predictor` compares."""
+        return {name: (e[0] / e[1] if e[1] > 0 else None) for name, e in self._errors.items()}
 
     def coefficients(self) -> dict[str, float]:
         """Learned weight of each feature (for reports)."""

@@ -1,5 +1,6 @@
 """The notebooks run from top to bottom (nbclient) and show what they promise."""
 
+import importlib.util
 import os
 import time
 from pathlib import Path
@@ -101,17 +102,43 @@ km = gdask.ml.KMeans(4, random_state=0, max_iter=8, tol=0, verbose=True).fit(X)
 print("fit mode", km.fit_mode_)
 """
 
+# well separated blobs: K-means converges long before max_iter
+CELL_CONVERGES = """\
+rng = np.random.default_rng(1)
+c = rng.uniform(-20, 20, (4, 8)).astype("float32")
+y = (c[rng.integers(0, 4, 20_000)] + rng.standard_normal((20_000, 8), dtype="float32"))
+Y = gdask.from_array(y, block_rows=5_000).persist()
+km2 = gdask.ml.KMeans(4, random_state=0, max_iter=300, verbose=True).fit(Y)
+print("n_iter", km2.n_iter_)
+"""
+
 CELL_CLOSE = "client.close(); cluster.close()"
+
+
+def _widget_bars(nb) -> list[dict]:
+    """The saved state of the notebook's progress-bar widgets (ipywidgets' Int/FloatProgress models)."""
+    state = (nb.metadata.get("widgets") or {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    return [m["state"] for m in state.values() if m.get("model_name") in ("IntProgressModel", "FloatProgressModel")]
 
 
 def test_verbose_fit_on_the_workers_reports_in_the_cell_running_the_fit():
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in (CELL_CLIENT, CELL_FIT, CELL_CLOSE)]
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in (CELL_CLIENT, CELL_FIT, CELL_CONVERGES, CELL_CLOSE)]
     nbclient.NotebookClient(nb, timeout=240, kernel_name="python3").execute()
-    first, second = _text(nb.cells[0]), _text(nb.cells[1])
+    first, second, third = _text(nb.cells[0]), _text(nb.cells[1]), _text(nb.cells[2])
     assert "client ready" in first
     assert "KMeans" not in first and "iteration" not in first  # nothing leaked into the Client's cell
     assert "fit mode workers" in second  # the loop ran on the workers ...
     assert "8/" in second  # ... and its bar reached 8 iterations in this cell
     assert "KMeans: 8 iterations in" in second and "loop: workers" in second  # the summary line
     assert not [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    # the early-converging fit: its bar says so, full and (as a widget) green, in the saved text too
+    n_iter = int(third.split("n_iter ")[1].split()[0])
+    assert 1 < n_iter < 300
+    assert f"KMeans converged at iteration {n_iter}" in third and f"{n_iter}/{n_iter}" in third
+    assert "0/300" not in third.replace(f"{n_iter}/{n_iter}", "")  # the saved text is the bar's last state
+    if importlib.util.find_spec("ipywidgets") is not None:  # widget bars: their saved style
+        bars = _widget_bars(nb)
+        assert len(bars) == 2, bars
+        assert [b.get("bar_style") for b in bars] == ["success", "success"]  # never 'danger'
+        assert sorted((b["value"], b["max"]) for b in bars) == sorted([(8, 8), (n_iter, n_iter)])

@@ -20,18 +20,41 @@ def test_history_of_a_kmeans_fit(tmp_path):
     x = np.random.default_rng(0).standard_normal((2_000, 3)).astype(np.float32)
     km = gdask.ml.KMeans(3, random_state=0, max_iter=5, tol=0, algorithm="lloyd").fit(x)
     fig = plot.history(km)
-    top, bottom = fig.axes
+    top, inertia, shift = fig.axes  # the time, then a panel per figure the fit recorded
     assert len(top.patches) == km.n_iter_  # one bar per iteration
-    assert bottom.get_ylabel() == "inertia"
-    assert np.allclose(_lines(bottom)[0], [r["inertia"] for r in km.history_])
+    assert inertia.get_ylabel() == "inertia" and shift.get_ylabel() == "center_shift"
+    assert np.allclose(_lines(inertia)[0], [r["inertia"] for r in km.history_])
     path = plot.save(fig, str(tmp_path / "h.png"))
     assert open(path, "rb").read(4) == b"\x89PNG"
 
 
+def test_history_has_a_panel_for_every_figure_a_bounds_fit_records():
+    """K-means on the bounds records ``inertia`` on its Lloyd passes and ``changed`` after: both drawn."""
+    import gdask
+
+    rng = np.random.default_rng(3)
+    c = rng.uniform(-3, 3, (6, 10))
+    x = (c[rng.integers(0, 6, 6_000)] + rng.standard_normal((6_000, 10))).astype(np.float32)
+    km = gdask.ml.KMeans(6, random_state=0, max_iter=40, algorithm="elkan").fit(x)
+    recorded = {k for r in km.history_ for k in ("inertia", "changed") if k in r}
+    assert recorded == {"inertia", "changed"}, km.history_  # the fit recorded both (else this tests nothing)
+    fig = plot.history(km)
+    labels = [ax.get_ylabel() for ax in fig.axes]
+    assert labels[0] == "ms per iteration" and {"inertia", "changed", "center_shift"} <= set(labels)
+    changed = fig.axes[labels.index("changed")]
+    xs = list(changed.get_lines()[0].get_xdata())
+    assert xs == [r["iteration"] for r in km.history_ if "changed" in r] and max(xs) == km.n_iter_
+
+
 def test_history_of_records_with_loss_uses_a_log_scale():
-    recs = [{"iteration": i, "seconds": 0.01, "loss": 1.0 / i, "mode": "client"} for i in range(1, 6)]
+    recs = [{"iteration": i, "seconds": 0.01, "loss": 1.0 / i, "mode": "client", "bytes_h2d": 2**20 * i,
+             "converged": i == 5} for i in range(1, 6)]
     fig = plot.history(recs)
+    assert [ax.get_ylabel() for ax in fig.axes] == ["ms per iteration", "loss", "bytes_h2d (MiB)"]
     assert fig.axes[1].get_yscale() == "log" and "client" in fig.axes[0].get_title()
+    assert list(_lines(fig.axes[2])[0]) == [1.0, 2.0, 3.0, 4.0, 5.0]
+    with pytest.raises(ValueError, match="needs 3 axes"):
+        plot.history(recs, axes=fig.axes[:2])
     with pytest.raises(ValueError, match="no per-iteration records"):
         plot.history([])
     with pytest.raises(TypeError, match="fitted gdask estimator"):
@@ -53,6 +76,31 @@ def test_device_load_from_samples_and_from_a_cluster(client):
     fig = plot.device_load(client)  # the dashboard's samples on the scheduler
     names = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert names == ["device 0", "device 1"]
+
+
+def test_device_load_right_after_a_fit_draws_the_fit(client):
+    """The workers' counters reach the scheduler with their heartbeats; device_load samples them when
+    called, so the fit that just ended shows as busy time on both devices."""
+    import gdask
+
+    x = np.random.default_rng(0).standard_normal((200_000, 16)).astype(np.float32)
+    X = gdask.from_array(x, block_rows=25_000).persist()
+    before = client.run_on_scheduler(_busy_times)
+    gdask.ml.KMeans(8, random_state=0, max_iter=6, tol=0, algorithm="lloyd").fit(X)
+    fig = plot.device_load(client)
+    after = client.run_on_scheduler(_busy_times)
+    assert all(after[a] > before.get(a, 0.0) for a in after)  # the sample taken has the fit's busy time
+    lines = fig.axes[0].get_lines()
+    assert len(lines) == 2
+    for line in lines:
+        assert max(line.get_ydata()) > 0, "a device shows no busy time right after the fit"
+
+
+def _busy_times(dask_scheduler=None):
+    from gdask import protocol
+
+    plugin = dask_scheduler.plugins[protocol.PLUGIN_DASHBOARD]
+    return {a: h[-1][1] for a, h in plugin.history.items() if h}
 
 
 def test_window_passes():

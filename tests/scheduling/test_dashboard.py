@@ -1,5 +1,6 @@
 """gdask's page on the Dask dashboard (``/gdask``): served by a real LocalGPUCluster, rendered by Chromium."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -91,6 +92,111 @@ def test_the_bokeh_dashboard_links_to_the_page(dashboard):
     assert status == 200 and 'href="gdask"' in page
 
 
+def _held_by_worker(dask_scheduler=None):
+    """(on the scheduler) Per worker name: the GDataSet blocks (``from-array`` keys) it holds and their bytes."""
+    out = {}
+    for ws in dask_scheduler.workers.values():
+        blocks = [ts for ts in ws.has_what if str(ts.key[0] if isinstance(ts.key, tuple) else ts.key).startswith(
+            "from-array")]
+        out[str(ws.name)] = (len(blocks), sum(ts.nbytes for ts in blocks))
+    return out
+
+
+def _shown(dask_scheduler=None):
+    """(on the scheduler) Per device: the page's blocks on the device, their bytes, and blocks held in all."""
+    from gdask import protocol
+    from gdask.scheduling._dashboard import dashboard_data
+
+    data = dashboard_data(dask_scheduler, dask_scheduler.plugins.get(protocol.PLUGIN_DASHBOARD))
+    return {d["name"]: (d["device_count"], int(d["window_bytes"]), d["blocks"]) for d in data["devices"]}
+
+
+def _page_matches_the_blocks_held(client, timeout=30):
+    deadline = time.monotonic() + timeout  # the workers' store metrics arrive with their heartbeats
+    while True:
+        held, shown = client.run_on_scheduler(_held_by_worker), client.run_on_scheduler(_shown)
+        if {n: v[:2] for n, v in shown.items()} == held and all(v[0] == v[2] for v in shown.values()):
+            return held
+        assert time.monotonic() < deadline, f"the page shows (device blocks, bytes, all blocks) {shown}, the " \
+            f"workers hold (blocks, bytes) {held}"
+        time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def _two_devices_with_blocks():
+    """An in-process 2-device cluster (no replica dropped behind the test's back) holding 8 blocks of 312.5 kB."""
+    import dask
+    from distributed import Client, wait
+
+    from gdask.testing import InProcessGPUCluster
+
+    with dask.config.set({"distributed.scheduler.active-memory-manager.start": False}), \
+            InProcessGPUCluster(2, device_memory="64MiB") as cluster, Client(cluster) as client:
+        Z = client.persist(gdask.from_array(np.ones((80_000, 8), dtype="f4"), block_rows=10_000))
+        wait(Z)
+        yield client, Z
+
+
+@pytest.mark.timeout(180)
+def test_memory_figures_are_the_blocks_each_device_holds():
+    """8 persisted blocks split between two devices: per device, the page's block count and bytes are the
+    blocks the scheduler says the worker holds, all on its device (they fit)."""
+    with _two_devices_with_blocks() as (client, _):
+        held = _page_matches_the_blocks_held(client)
+        assert sum(n for n, _ in held.values()) == 8 and all(n > 0 for n, _ in held.values())
+        assert sum(b for _, b in held.values()) == 8 * 10_000 * 8 * 4
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.xfail(strict=True, reason="the window store keeps a block that reached a worker from another worker (a "
+                   "placement move, a replica, a task's input fetched) as a plain host value outside its device "
+                   "figures, so the page, which shows what the store reports, counts it nowhere; window_cache's fix "
+                   "makes this pass: then drop this mark")
+def test_memory_figures_count_a_block_received_from_another_worker():
+    from distributed import futures_of
+
+    with _two_devices_with_blocks() as (client, Z):
+        _page_matches_the_blocks_held(client)
+        client.replicate(futures_of(Z)[:1], n=2)  # block 0 now also on the other device
+        held = _page_matches_the_blocks_held(client, timeout=10)
+        assert sum(n for n, _ in held.values()) == 9
+
+
+def _device(name="0", memory=4 * 2**30, used=48 * 2**20, window=48 * 2**20, device_count=4, **kw):
+    d = {"name": name, "address": f"tcp://w{name}", "backend": "emulated", "device_name": "emulated", "index": 0,
+         "memory": float(memory), "memory_used": float(used), "window_bytes": float(window), "host_bytes": 0.0,
+         "device_count": device_count, "host_count": 0, "disk_count": 0, "blocks": device_count,
+         "window_store": True, "other_keys": 0, "hit_rate": None, "reads": 0, "streams": 1, "max_streams": 1,
+         "placed": 3,
+         "speed_measured": None, "speed_configured": 1.0, "backlog_s": 0.0, "tasks": 1, "busy_time": 0.0,
+         "bytes_h2d": 0.0, "busy": 0.5, "busy_series": [0.1, 0.5]}
+    d.update(kw)
+    return d
+
+
+def _data(*devices):
+    return {"time": 0.0, "devices": list(devices), "jobs": [], "reuse": {"submitted": 0, "reused": 0, "graphs": 0},
+            "policy": "gdask", "moves": 0, "replaced": 0, "placement": True}
+
+
+def test_a_small_gauge_is_drawn_on_a_scale_that_shows_it():
+    """48 MiB of a 4 GiB budget would be a 1% sliver: the gauge says its value and draws it on a 64 MiB scale."""
+    frag = render_fragment(_data(_device()))
+    assert "48.00 MiB of 4.00 GiB (1.2%)" in frag
+    assert "scale 0 – 64.00 MiB" in frag and "is 64x longer" in frag
+    assert "width:75.00%" in frag  # 48 of 64 MiB
+    big = render_fragment(_data(_device(used=2 * 2**30, window=2 * 2**30)))  # half the budget: the budget's scale
+    assert "scale 0" not in big and "width:50.00%" in big
+    assert "4 blocks: 4 blocks on the device (48.00 MiB), 0 blocks on the host (0 B)" in frag
+
+
+def test_a_worker_without_the_window_store_says_so():
+    frag = render_fragment(_data(_device(window_store=False, window=0.0, device_count=0)))
+    assert "not known: this worker's data store is not gdask's window store" in frag
+    frag = render_fragment(_data(_device(other_keys=3)))
+    assert "; 3 other values in host memory, outside the window" in frag
+
+
 def test_render_without_workers_or_jobs():
     data = {"time": 0.0, "devices": [], "jobs": [], "reuse": {"submitted": 0, "reused": 0, "graphs": 0},
             "policy": "gdask", "moves": 0, "replaced": 0, "placement": True}
@@ -113,7 +219,7 @@ def test_headless_chromium_renders_the_page_with_data(dashboard, tmp_path):
     with tempfile.TemporaryDirectory() as profile:
         flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 f"--user-data-dir={profile}", "--window-size=1200,900", "--virtual-time-budget=2500"]
+                 f"--user-data-dir={profile}", "--window-size=1400,900", "--virtual-time-budget=2500"]
         dom = subprocess.run([_chromium(), *flags, "--dump-dom", base + "/gdask"], capture_output=True, text=True,
                              timeout=90)
         subprocess.run([_chromium(), *flags, f"--screenshot={shot}", base + "/gdask"], capture_output=True,
@@ -122,10 +228,15 @@ def test_headless_chromium_renders_the_page_with_data(dashboard, tmp_path):
     if os.environ.get("GDASK_SCREENSHOTS"):  # keep the picture (for the docs / a person to look at)
         shutil.copy(shot, os.environ["GDASK_SCREENSHOTS"])
     img = Image.open(shot).convert("RGB")
-    assert img.size == (1200, 900)
+    assert img.size == (1400, 900)
+    # the device cards use the page's width: their background (#fafafa) reaches the right quarter
+    card = (0xFA, 0xFA, 0xFA)
+    cards = [x for x in range(0, 1400, 10) if any(img.getpixel((x, y)) == card for y in range(40, 600, 4))]
+    assert cards and max(cards) > 1200, f"the cards end at x={max(cards, default=0)} of 1400"
     colors = img.getcolors(maxcolors=1 << 20)
     count = {c: n for n, c in colors}
     # the placement chart's bars are drawn from the data: tasks placed (#f58518), speeds (#54a24b); the
     # legend's 10 x 10 swatches alone would be 100 pixels each
     assert count.get((0xF5, 0x85, 0x18), 0) > 1000
     assert count.get((0x54, 0xA2, 0x4B), 0) > 1000
+    assert count.get((0x4C, 0x78, 0xA8), 0) > 1000  # the memory gauges' window-resident blocks are visible

@@ -173,3 +173,41 @@ def test_same_code_learns_a_different_contention_world():
     assert m.error(held) <= 0.15
     assert m.error(held) < roofline.error(held)  # a model of the other world does worse here
     assert m.coefficients()["b*B"] > m.coefficients()["c*C"]
+
+
+def test_the_linear_model_is_used_once_it_predicts_better():
+    """Where the profiles explain the contention, the linear model takes over from the size mean."""
+    train, held = _split()
+    m = InterferenceModel()
+    assert m.predictor == "mean-by-size"  # the default, before anything is known
+    for own, others, y in train:
+        m.observe(own, others, y)
+    errs = m.online_errors()
+    assert m.predictor == "linear" and errs["linear"] < errs["mean-by-size"], errs
+    assert m.error(held) == pytest.approx(np.mean([abs(m.predict_with("linear", o, r) - y) / y for o, r, y in held]))
+
+
+def test_where_slowdowns_are_noise_the_size_mean_stays_in_use():
+    """Slowdowns that depend on the number of co-runners and on noise, not on the profiles: the
+    linear model cannot do better than the size mean, and the model keeps the size mean."""
+    rng = np.random.default_rng(7)
+    jobs = make_jobs(rng, 20)
+
+    def samples(count):
+        out = []
+        for _ in range(count):
+            k = int(rng.integers(2, 4))
+            idx = rng.choice(len(jobs), size=k, replace=False)
+            out.append((jobs[idx[0]], [jobs[i] for i in idx[1:]], (1.2 if k == 2 else 1.5) * rng.lognormal(0, 0.25)))
+        return out
+
+    train, held = samples(300), samples(200)
+    m = InterferenceModel()
+    for own, others, y in train:
+        m.observe(own, others, y)
+    assert m.predictor == "mean-by-size", m.online_errors()
+    size_only = np.mean([abs(m.predict_with("mean-by-size", o, r) - y) / y for o, r, y in held])
+    assert m.error(held) == pytest.approx(size_only)
+    assert m.predict(jobs[0], [jobs[1]]) != m.predict(jobs[0], [jobs[1], jobs[2]])  # it knows the sizes
+    with pytest.raises(ValueError, match="predictor must be one of"):
+        m.predict_with("oracle", jobs[0], [jobs[1]])
