@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["KMeans", "LSTMClassifier", "LSTMRegressor", "LogisticRegression", "pagerank", "powerlaw_graph"]
+__all__ = ["KMeans", "LSTMClassifier", "LSTMRegressor", "LogisticRegression", "pagerank", "powerlaw_graph",
+           "PCA", "TruncatedSVD", "LinearRegression", "Ridge", "Lasso", "ElasticNet", "GaussianMixture"]
 
 _WHERE = {
     "KMeans": "gdask.ml._kmeans",
@@ -18,6 +19,14 @@ _WHERE = {
     "LSTMRegressor": "gdask.ml._lstm",
     "pagerank": "gdask.ml._pagerank",
     "powerlaw_graph": "gdask.ml._graphs",
+    # helper "estimators": decomposition, linear models, mixtures
+    "PCA": "gdask.ml._decomposition",
+    "TruncatedSVD": "gdask.ml._decomposition",
+    "LinearRegression": "gdask.ml._linear_model",
+    "Ridge": "gdask.ml._linear_model",
+    "Lasso": "gdask.ml._linear_model",
+    "ElasticNet": "gdask.ml._linear_model",
+    "GaussianMixture": "gdask.ml._mixture",
 }
 
 
