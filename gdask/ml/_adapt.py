@@ -22,7 +22,8 @@ from gdask.gdataset import GDataSet, from_array, from_dataframe
 from gdask.gdataset import from_dask_array as gdask_from_dask_array
 from gdask.ml._input import is_host_input, module_name
 
-__all__ = ["as_gdataset", "aligned", "check_int", "check_real", "collect", "host", "is_dask", "output", "sample_weights"]
+__all__ = ["aligned", "as_gdataset", "check_int", "check_real", "collect", "host", "is_dask", "output",
+           "sample_weights", "to_dask_array"]
 
 
 def is_dask(x: Any) -> bool:

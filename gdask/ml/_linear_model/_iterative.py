@@ -14,7 +14,6 @@ on ``d x t`` host matrices:
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import numpy as np
 

@@ -102,7 +102,7 @@ def _check(problem_arrays: tuple) -> None:
 
 def problem(est: Any, data: Data, fit_intercept: bool, gram: bool | None = None) -> Problem:
     """The normal equations of ``data`` (one pass; two with many features)."""
-    d, t = data.d, data.t
+    d = data.d
     if gram is None:
         gram = d <= GRAM_MAX_FEATURES
     weighted = data.W is not None
