@@ -59,7 +59,7 @@ def _assess(spectrum: np.ndarray, rank: int, n_samples: int) -> float:
     log_pu = -rank * math.log(2.0) + sum(math.lgamma((d - i) / 2.0) - (d - i) / 2.0 * math.log(math.pi)
                                          for i in range(rank))
     log_pl = -n_samples / 2.0 * float(np.sum(np.log(lam)))
-    v = max(float(np.sum(spectrum[rank:])) / (d - rank), 1e-300)
+    v = max(float(np.sum(spectrum[rank:])) / (d - rank), 1e-15)
     log_pv = -n_samples * (d - rank) / 2.0 * math.log(v)
     m = d * rank - rank * (rank + 1.0) / 2.0
     log_pp = (m + rank) / 2.0 * math.log(2.0 * math.pi)
@@ -78,7 +78,7 @@ def infer_dimension(spectrum: np.ndarray, n_samples: int) -> int:
     """The number of components of largest evidence (Minka's MLE, ``n_components="mle"``)."""
     best, arg = -np.inf, 1
     for rank in range(1, len(spectrum)):
-        if spectrum[rank - 1] <= 0:
+        if spectrum[rank - 1] < 1e-15:  # a zero eigenvalue: no evidence for this rank (as scikit-learn)
             break
         ll = _assess(spectrum, rank, n_samples)
         if ll > best:

@@ -158,8 +158,10 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
             k = min(n, d) - (solver == "arpack")
         self._fit_svd_solver = solver
         if solver in ("arpack", "randomized"):
-            if isinstance(k, str) or not isinstance(k, numbers.Integral):
-                raise ValueError(f"n_components={k!r} cannot be a string or a fraction with svd_solver='{solver}'")
+            if isinstance(k, str):
+                raise ValueError(f"n_components={k!r} cannot be a string with svd_solver='{solver}'")
+            if not isinstance(k, numbers.Integral):
+                raise ValueError(f"n_components={k!r} must be an integer with svd_solver='{solver}'")
             if not 1 <= k <= min(n, d):
                 raise ValueError(f"n_components={k!r} must be between 1 and min(n_samples, n_features)="
                                  f"{min(n, d)} with svd_solver='{solver}'")

@@ -45,9 +45,7 @@ class LinearModel(RegressorMixin, BaseEstimator):
         to = "cupy" if data.kind == "cupy" else "numpy"
         if data.y_1d:
             self.coef_ = output(coef[0].astype(dtype), to)
-            self.intercept_ = float(intercept[0]) if self.fit_intercept else 0.0
-            if self.fit_intercept and dtype == np.float32:
-                self.intercept_ = np.float32(self.intercept_)
+            self.intercept_ = dtype.type(intercept[0]) if self.fit_intercept else 0.0
         else:
             self.coef_ = output(coef.astype(dtype), to)
             self.intercept_ = output(intercept.astype(dtype), to) if self.fit_intercept else 0.0

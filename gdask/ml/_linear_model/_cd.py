@@ -11,10 +11,16 @@ Salmon 2015, Ndiaye et al. 2017): the iterates and stopping rule of scikit-learn
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 from numba import njit
 
-__all__ = ["cd_gram", "enet_gap"]
+__all__ = ["CD_LOCK", "cd_gram", "enet_gap"]
+
+#: numba compiles a kernel on its first call; two threads compiling at once fail ("no compiled object
+#: yet"): callers hold this lock (the solve is short next to the pass over the data)
+CD_LOCK = threading.Lock()
 
 
 @njit(cache=True)

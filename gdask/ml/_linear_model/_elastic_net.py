@@ -11,6 +11,7 @@ from gdask.ml._adapt import check_int, check_real
 from gdask.ml._gram import run_passes
 from gdask.ml._input import in_task_scope
 from gdask.ml._linear_model._base import LinearModel
+from gdask.ml._linear_model._cd import CD_LOCK as _CD_LOCK
 from gdask.ml._linear_model._cd import cd_gram
 from gdask.ml._linear_model._iterative import Fista
 from gdask.ml._linear_model._problem import Data, Problem, prepare, problem
@@ -90,9 +91,10 @@ class ElasticNet(LinearModel):
         if self.selection not in ("cyclic", "random"):
             raise ValueError(f"The 'selection' parameter of {type(self).__name__} must be a str among "
                              f"{{'cyclic', 'random'}}. Got {self.selection!r} instead.")
-        if not (isinstance(self.precompute, (bool, np.bool_)) or self.precompute == "auto"):
-            raise ValueError(f"precompute={self.precompute!r} is not supported: gdask computes the Gram matrix from "
-                             "the blocks itself; use precompute=False, True or 'auto'")
+        if not (isinstance(self.precompute, (bool, np.bool_)) or (isinstance(self.precompute, str)
+                                                                   and self.precompute == "auto")):
+            raise ValueError(f"precompute of type {type(self.precompute).__name__} is not supported: gdask computes "
+                             "the Gram matrix from the blocks itself; use precompute=False, True or 'auto'")
 
     @property
     def sparse_coef_(self):
@@ -154,9 +156,10 @@ class ElasticNet(LinearModel):
                 from sklearn.utils import check_random_state
 
                 seed = int(check_random_state(self.random_state).randint(0, 2 ** 31 - 1))
-            return cd_gram(w0.copy(), l1, l2, prob.Q * scale, prob.q[:, k] * scale, float(prob.yy[k] * scale),
-                           int(self.max_iter), float(self.tol), bool(self.positive), self.selection == "random", seed,
-                           True)
+            with _CD_LOCK:  # numba compiles on the first call: one thread at a time
+                    return cd_gram(w0.copy(), l1, l2, prob.Q * scale, prob.q[:, k] * scale, float(prob.yy[k] * scale),
+                               int(self.max_iter), float(self.tol), bool(self.positive), self.selection == "random",
+                               seed, True)
         algo = Fista(data.W is not None, prob.x_mean if self.fit_intercept else None, scale,
                      prob.q[:, k:k + 1] * scale, prob.yy[k:k + 1] * scale, l1, l2, self.tol, self.max_iter,
                      self.positive)

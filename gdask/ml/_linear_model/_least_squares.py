@@ -12,7 +12,7 @@ from gdask.ml._adapt import check_int, check_real
 from gdask.ml._gram import run_passes
 from gdask.ml._input import in_task_scope
 from gdask.ml._linear_model._base import LinearModel
-from gdask.ml._linear_model._cd import cd_gram
+from gdask.ml._linear_model._cd import CD_LOCK, cd_gram
 from gdask.ml._linear_model._iterative import ConjugateGradient, Fista
 from gdask.ml._linear_model._problem import Data, Problem, prepare, problem
 
@@ -192,11 +192,16 @@ class Ridge(LinearModel):
         prob = problem(self, data, self.fit_intercept, gram=False if iterative else None)
         self.n_iter_ = None
         if self.positive:
-            coef, self.solver_ = self._positive(data, prob, alpha), "lbfgs"
+            coef, ran = self._positive(data, prob, alpha), "lbfgs"
         elif prob.Q is None:
-            coef, self.solver_ = self._cg(data, prob, alpha), "sparse_cg"
+            coef, ran = self._cg(data, prob, alpha), "sparse_cg"
         else:
-            coef, self.solver_ = self._direct(data, prob, alpha), "cholesky"
+            coef, ran = self._direct(data, prob, alpha), "cholesky"
+        # scikit-learn's names: the solver asked for (solved as the docstring says), "auto" resolved;
+        # n_iter_ only for the solvers scikit-learn reports it for
+        self.solver_ = ran if self.solver == "auto" else self.solver
+        if self.solver_ not in ("lsqr", "sag", "saga", "lbfgs"):
+            self.n_iter_ = None
         self._set_coef(data, prob, coef)
         return self
 
@@ -225,8 +230,9 @@ class Ridge(LinearModel):
         iters = []
         for k in range(data.t):
             if prob.Q is not None:
-                w, gap, tol, it, conv = cd_gram(np.zeros(data.d), 0.0, float(alpha[k]), prob.Q, prob.q[:, k].copy(),
-                                                float(prob.yy[k]), max_iter, float(self.tol), True, False, 0, False)
+                with CD_LOCK:
+                    w, gap, tol, it, conv = cd_gram(np.zeros(data.d), 0.0, float(alpha[k]), prob.Q, prob.q[:, k].copy(),
+                                                    float(prob.yy[k]), max_iter, float(self.tol), True, False, 0, False)
             else:
                 algo = Fista(data.W is not None, prob.x_mean if self.fit_intercept else None, 1.0,
                              prob.q[:, k:k + 1], prob.yy[k:k + 1], 0.0, float(alpha[k]), self.tol, max_iter, True)
