@@ -15,9 +15,9 @@ copied) against gdask.ml: the suites and their expected failures are in ``suites
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import importlib
 import importlib.util
+import re
 import sys
 import types
 from collections import Counter
@@ -105,6 +105,11 @@ def pytest_collect_file(file_path: Path, parent: Any):
     return None
 
 
+def matches(name: str, pattern: str) -> bool:
+    """``pattern`` with ``*`` as the only wildcard (brackets literal: test names carry ``[params]``)."""
+    return re.fullmatch(".*".join(re.escape(p) for p in pattern.split("*")), name) is not None
+
+
 def _names(code: types.CodeType) -> set[str]:
     out = set(code.co_names)
     for c in code.co_consts:
@@ -173,12 +178,12 @@ class Tracker:
                 continue
             suite = self.suites[key]
             name = item.name
-            if not self._keep(item, suite) or any(fnmatch.fnmatchcase(name, p) for r in suite.skip for p in r.patterns):
+            if not self._keep(item, suite) or any(matches(name, p) for r in suite.skip for p in r.patterns):
                 dropped.append(item)
                 self.counts[key]["deselected"] += 1
                 continue
             for rule in suite.xfail:
-                if any(fnmatch.fnmatchcase(name, p) for p in rule.patterns):
+                if any(matches(name, p) for p in rule.patterns):
                     item.add_marker(pytest.mark.xfail(reason=rule.reason, strict=rule.strict))
                     break
             kept.append(item)

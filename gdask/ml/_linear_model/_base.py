@@ -24,6 +24,9 @@ def _predict_1d(X: Any, coef: Any, intercept: Any) -> Any:
 class LinearModel(RegressorMixin, BaseEstimator):
     """Prediction and scoring of a fitted ``coef_`` / ``intercept_`` (subclasses fit them)."""
 
+    #: ``coef_`` of shape (n_features,) also for ``y`` of shape (n, 1), as scikit-learn's Ridge and ElasticNet
+    _ravel_one_target = False
+
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.input_tags.sparse = False
@@ -46,6 +49,9 @@ class LinearModel(RegressorMixin, BaseEstimator):
         if data.y_1d:
             self.coef_ = output(coef[0].astype(dtype), to)
             self.intercept_ = dtype.type(intercept[0]) if self.fit_intercept else 0.0
+        elif data.t == 1 and self._ravel_one_target:  # y of shape (n, 1): scikit-learn's Ridge / ElasticNet shapes
+            self.coef_ = output(coef[0].astype(dtype), to)
+            self.intercept_ = output(intercept.astype(dtype), to) if self.fit_intercept else 0.0
         else:
             self.coef_ = output(coef.astype(dtype), to)
             self.intercept_ = output(intercept.astype(dtype), to) if self.fit_intercept else 0.0

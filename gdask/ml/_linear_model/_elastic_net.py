@@ -60,6 +60,8 @@ class ElasticNet(LinearModel):
 
     _l1_default = 0.5
 
+    _ravel_one_target = True
+
     def __init__(self, alpha: float = 1.0, *, l1_ratio: float = 0.5, fit_intercept: bool = True,
                  precompute: Any = False, max_iter: int = 1000, copy_X: bool = True, tol: float = 1e-4,
                  warm_start: bool = False, positive: bool = False, random_state: Any = None,
@@ -136,8 +138,8 @@ class ElasticNet(LinearModel):
                              "may contain large values and need to be preprocessed.")
         self._set_coef(data, prob, coef)
         dtype = data.X.dtype
-        self.n_iter_ = iters[0] if data.y_1d else iters
-        self.dual_gap_ = dtype.type(gaps[0]) if data.y_1d else gaps.astype(dtype)
+        self.n_iter_ = iters[0] if data.t == 1 else iters
+        self.dual_gap_ = dtype.type(gaps[0]) if data.t == 1 else gaps.astype(dtype)
         return self
 
     def _start(self, data: Data) -> np.ndarray:

@@ -142,6 +142,8 @@ class Ridge(LinearModel):
         As the other gdask.ml estimators.
     """
 
+    _ravel_one_target = True
+
     def __init__(self, alpha: Any = 1.0, *, fit_intercept: bool = True, copy_X: bool = True, max_iter: Any = None,
                  tol: float = 1e-4, solver: str = "auto", positive: bool = False, random_state: Any = None,
                  verbose: Any = 0, callback: Any = None, gpu: float | None = None, memory: Any = None,
