@@ -63,8 +63,8 @@ def fits(X, y, G, Y, dX, dy, alpha, lasso_alpha, skip):
                                                                              max_iter=200).fit(dX, dy)
         out["dask-ml LinearRegression (l2)"] = lambda: dml.LinearRegression(penalty="l2", C=1 / alpha,
                                                                            solver="lbfgs", max_iter=200).fit(dX, dy)
-        out["dask-ml LinearRegression (l1)"] = lambda: dml.LinearRegression(penalty="l1", C=1 / (n * lasso_alpha),
-                                                                           solver="admm", max_iter=200).fit(dX, dy)
+        out["dask-ml LinearRegression (l1)"] = lambda: dml.LinearRegression(
+            penalty="l1", C=1 / (n * lasso_alpha), solver="proximal_grad", max_iter=100).fit(dX, dy)
     return out
 
 

@@ -33,6 +33,14 @@ def enet_gap(w, alpha, beta, Qw, q, y_norm2, XtA, positive):
     q_w = np.dot(q, w)
     r_norm2 = y_norm2 + np.dot(w, Qw) - 2.0 * q_w
     ry = y_norm2 - q_w
+    if alpha == 0 and positive:
+        # no L1 term but w >= 0: the squared norm of the projected gradient (0 exactly at the optimum)
+        dual = 0.0
+        for j in range(d):
+            XtA[j] = q[j] - Qw[j] - beta * w[j]
+            pg = w[j] - max(w[j] + XtA[j], 0.0)
+            dual += pg * pg
+        return dual, dual
     if alpha == 0:
         dual = 0.0
         for j in range(d):

@@ -69,9 +69,10 @@ def _y_host(y: Any, n: int) -> np.ndarray:
 
     y = to_numpy(y) if module_name(y) == "cupy" else y
     y = check_array(y, ensure_2d=False, dtype=np.float64, input_name="y")
-    if y.ndim not in (1, 2) or y.shape[0] != n:
-        raise ValueError(f"y must have shape (n_samples,) or (n_samples, n_targets) with n_samples={n}, "
-                         f"got {y.shape}")
+    if y.ndim not in (1, 2):
+        raise ValueError(f"y must have shape (n_samples,) or (n_samples, n_targets), got {y.shape}")
+    if y.shape[0] != n:
+        raise ValueError(f"Found input variables with inconsistent numbers of samples: [{n}, {y.shape[0]}]")
     return y
 
 
@@ -113,7 +114,8 @@ def problem(est: Any, data: Data, fit_intercept: bool, gram: bool | None = None)
         if not fit_intercept:
             m2 = m2 + sw * np.outer(mean, mean)
             mean = np.zeros_like(mean)
-        return Problem(m2[:d, :d], m2[:d, d:], np.diag(m2)[d:].copy(), sw, mean[:d], mean[d:], np.diag(m2)[:d].copy(),
+        return Problem(np.ascontiguousarray(m2[:d, :d]), np.ascontiguousarray(m2[:d, d:]), np.diag(m2)[d:].copy(),
+                       sw, mean[:d], mean[d:], np.diag(m2)[:d].copy(),
                        res.mode)
     res = run_passes(est, _CrossProducts(weighted, fit_intercept, d), data.arrays(), {}, total=2)
     sw, mean, m2diag = res.state["col"]
