@@ -41,6 +41,9 @@ CASES = {
     "lstm": ["--tasks", "sine", "--rows", "600", "--test-rows", "100", "--timesteps", "6", "--hidden", "4",
              "--epochs", "2", "--batch-size", "64"],
     "chaos": ["--quick", "--kills", "2"],
+    "decomposition": ["--quick", "--rows", "3000", "--features", "8", "--components", "3"],
+    "linear_model": ["--quick", "--rows", "3000", "--features", "8"],
+    "mixture": ["--quick", "--rows", "3000", "--features", "3", "--components", "3"],
     "incremental": ["--rows", "4000", "--features", "4", "--blocks", "4", "--iterations", "3", "--refit-blocks", "8",
                     "--refit-block-rows", "100", "--nodes", "4000", "--graph-blocks", "2", "--p-back", "0.05"],
 }
@@ -143,7 +146,20 @@ def _check_lstm(d):
     assert ag["a_b_first_epoch_loss"] is True and ag["a_b_max_rel_loss_diff"] < 1e-3  # the same batches
 
 
-CHECKS = {"window": _check_window, "lstm": _check_lstm, "sharing": _check_sharing, "logistic": _check_logistic,
+def _check_agreement(column, bound):
+    def check(d):
+        names = {r["name"].split()[0] for r in d["results"]}
+        assert {"gdask", "scikit-learn"} <= names
+        for r in d["results"]:
+            if not r["name"].startswith("dask-ml"):  # dask-ml solves its own variant (see the scripts)
+                assert r[column] < bound, r
+    return check
+
+
+CHECKS = {"decomposition": _check_agreement("var rel diff", 1e-6),
+          "linear_model": _check_agreement("coef rel diff", 1e-4),
+          "mixture": _check_agreement("means rel diff", 1e-6),
+          "window": _check_window, "lstm": _check_lstm, "sharing": _check_sharing, "logistic": _check_logistic,
           "incremental": _check_incremental, "load_balance": _check_load_balance, "cycles": _check_cycles,
           "chaos": _check_chaos}
 

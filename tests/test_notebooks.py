@@ -62,9 +62,17 @@ def _check_sharing(nb):
     assert "64.00 MiB" in table and "tcp://" not in table.split("gdask jobs")[-1].split("</table>")[0]
 
 
+def _check_more_estimators(nb):
+    for name in ("PCA", "TruncatedSVD", "LinearRegression", "Ridge", "Lasso", "ElasticNet", "GaussianMixture"):
+        assert f"{name} agrees with scikit-learn: True" in "".join(_text(c) for c in nb.cells if c.cell_type == "code")
+    assert "fit on the workers" in _text(_cell(nb, "pca = "))
+    assert "GDataSet" in _text(_cell(nb, "pca = "))  # the lazy transform, blocked like X
+    assert "lower bound" in _text(_cell(nb, "means = "))
+
+
 CHECKS = {"01-quickstart.ipynb": _check_quickstart, "02-custom-loop.ipynb": _check_custom_loop,
           "03-unequal-devices.ipynb": _check_unequal, "04-larger-than-memory.ipynb": _check_larger,
-          "05-sharing.ipynb": _check_sharing}
+          "05-sharing.ipynb": _check_sharing, "06-more-estimators.ipynb": _check_more_estimators}
 
 
 def test_every_notebook_has_checks():

@@ -9,8 +9,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["KMeans", "LSTMClassifier", "LSTMRegressor", "LogisticRegression", "WarmKernels", "pagerank",
-           "powerlaw_graph", "wait_for_warm_kernels", "warm_kernels", "warm_kernels_plugin"]
+__all__ = ["ElasticNet", "GaussianMixture", "KMeans", "LSTMClassifier", "LSTMRegressor", "Lasso", "LinearRegression",
+           "LogisticRegression", "PCA", "Ridge", "TruncatedSVD", "WarmKernels", "pagerank", "powerlaw_graph",
+           "wait_for_warm_kernels", "warm_kernels", "warm_kernels_plugin"]
 
 _WHERE = {
     "KMeans": "gdask.ml._kmeans",
@@ -24,6 +25,14 @@ _WHERE = {
     "wait_for_warm_kernels": "gdask.ml._warm",
     "warm_kernels": "gdask.ml._warm",
     "warm_kernels_plugin": "gdask.ml._warm",
+    # more estimators: decomposition, linear models, mixtures
+    "PCA": "gdask.ml._decomposition",
+    "TruncatedSVD": "gdask.ml._decomposition",
+    "LinearRegression": "gdask.ml._linear_model",
+    "Ridge": "gdask.ml._linear_model",
+    "Lasso": "gdask.ml._linear_model",
+    "ElasticNet": "gdask.ml._linear_model",
+    "GaussianMixture": "gdask.ml._mixture",
 }
 
 
