@@ -20,7 +20,7 @@ import numpy as np
 from gdask.devices import to_numpy
 from gdask.gdataset import GDataSet, from_array, from_dataframe
 from gdask.gdataset import from_dask_array as gdask_from_dask_array
-from gdask.ml._input import is_host_input, module_name
+from gdask.ml._base import is_host_input, module_name
 
 __all__ = ["aligned", "as_gdataset", "check_int", "check_real", "collect", "host", "is_dask", "output",
            "sample_weights", "to_dask_array"]

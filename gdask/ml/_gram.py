@@ -17,7 +17,7 @@ import numpy as np
 
 from gdask.devices import array_namespace, to_numpy
 from gdask.gdataset import IterativeAlgorithm, LoopContext, Progress, run_loop
-from gdask.ml._input import estimator_job
+from gdask.ml._base import estimator_job
 
 __all__ = ["Moments", "combine_moments", "gram_apply_block", "moments_block", "run_passes", "sum_in_order"]
 

@@ -20,7 +20,7 @@ from gdask.ml._decomposition._common import (
     reconstruct_block,
 )
 from gdask.ml._gram import Moments, run_passes
-from gdask.ml._input import in_task_scope
+from gdask.ml._base import in_task_scope
 
 __all__ = ["PCA"]
 
@@ -312,7 +312,7 @@ class PCA(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
 def _as_scores(X: Any, k: int) -> tuple[Any, str]:
     """Scores ``(n_samples, k)`` of any input type (an inverse transform's input) as a GDataSet and its kind."""
     from gdask.gdataset import from_array
-    from gdask.ml._input import is_host_input
+    from gdask.ml._base import is_host_input
 
     if is_host_input(X):
         from sklearn.utils.validation import check_array

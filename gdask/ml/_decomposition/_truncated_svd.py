@@ -13,7 +13,7 @@ from gdask.ml._decomposition import _solvers
 from gdask.ml._decomposition._common import apply_rows, project_block, reconstruct_block
 from gdask.ml._decomposition._pca import _as_scores
 from gdask.ml._gram import Moments, run_passes
-from gdask.ml._input import in_task_scope
+from gdask.ml._base import in_task_scope
 
 __all__ = ["TruncatedSVD"]
 
