@@ -11,6 +11,7 @@ from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, Transfo
 
 from gdask.devices import to_numpy
 from gdask.ml._adapt import as_gdataset, check_int, check_real, host, output
+from gdask.ml._base import in_task_scope
 from gdask.ml._decomposition import _solvers
 from gdask.ml._decomposition._common import (
     apply_rows,
@@ -20,7 +21,6 @@ from gdask.ml._decomposition._common import (
     reconstruct_block,
 )
 from gdask.ml._gram import Moments, run_passes
-from gdask.ml._base import in_task_scope
 
 __all__ = ["PCA"]
 

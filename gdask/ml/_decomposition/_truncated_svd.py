@@ -9,11 +9,11 @@ from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, Transfo
 
 from gdask.devices import to_numpy
 from gdask.ml._adapt import as_gdataset, check_int, check_real, output
+from gdask.ml._base import in_task_scope
 from gdask.ml._decomposition import _solvers
 from gdask.ml._decomposition._common import apply_rows, project_block, reconstruct_block
 from gdask.ml._decomposition._pca import _as_scores
 from gdask.ml._gram import Moments, run_passes
-from gdask.ml._base import in_task_scope
 
 __all__ = ["TruncatedSVD"]
 

@@ -10,8 +10,8 @@ from sklearn.base import BaseEstimator, RegressorMixin
 
 from gdask.devices import astype, to_numpy
 from gdask.ml._adapt import as_gdataset, host, output
-from gdask.ml._gram import _f64
 from gdask.ml._base import in_task_scope
+from gdask.ml._gram import _f64
 from gdask.ml._linear_model._problem import Data, Problem
 
 __all__ = ["LinearModel"]

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from gdask.ml._adapt import check_int, check_real
-from gdask.ml._gram import run_passes
 from gdask.ml._base import in_task_scope
+from gdask.ml._gram import run_passes
 from gdask.ml._linear_model._base import LinearModel
 from gdask.ml._linear_model._cd import CD_LOCK as _CD_LOCK
 from gdask.ml._linear_model._cd import cd_gram

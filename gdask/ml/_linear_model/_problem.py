@@ -17,8 +17,8 @@ import numpy as np
 from gdask.devices import array_namespace, to_numpy
 from gdask.gdataset import GDataSet, IterativeAlgorithm, LoopContext, from_array
 from gdask.ml._adapt import aligned, as_gdataset, sample_weights
-from gdask.ml._gram import Moments, _f64, _stacked, run_passes, sum_in_order
 from gdask.ml._base import is_host_input, module_name
+from gdask.ml._gram import Moments, _f64, _stacked, run_passes, sum_in_order
 
 __all__ = ["GRAM_MAX_FEATURES", "Data", "Problem", "prepare", "problem"]
 

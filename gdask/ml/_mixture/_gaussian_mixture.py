@@ -11,8 +11,8 @@ from sklearn.base import BaseEstimator, DensityMixin
 
 from gdask.gdataset import GDataSet, from_array
 from gdask.ml._adapt import as_gdataset, check_int, check_real, collect, host, output
-from gdask.ml._gram import run_passes
 from gdask.ml._base import in_task_scope
+from gdask.ml._gram import run_passes
 from gdask.ml._mixture import _em, _params
 
 __all__ = ["GaussianMixture"]
