@@ -47,8 +47,10 @@ def test_the_default_lists_the_device_plugins_and_the_kernel_warm_up():
     from gdask.ml import WarmKernels
 
     names = [p.name for p in worker_plugins(None)]
-    assert names == [protocol.PLUGIN_DEVICE, protocol.PLUGIN_JOB_MONITOR, WarmKernels.name]
-    assert [p.name for p in scheduler_plugins()] == [protocol.PLUGIN_PLACEMENT, protocol.PLUGIN_JOBS]
+    assert names == [protocol.PLUGIN_DEVICE, protocol.PLUGIN_JOB_MONITOR, protocol.PLUGIN_WINDOW_CACHE,
+                     WarmKernels.name]
+    assert [p.name for p in scheduler_plugins()] == [protocol.PLUGIN_PLACEMENT, protocol.PLUGIN_JOBS,
+                                                     protocol.PLUGIN_RESIDENCY]
     with dask.config.set({"gdask.ml.warm-kernels": False}):  # the warm-up's own switch still holds
         assert WarmKernels.name not in [p.name for p in worker_plugins(None)]
 
@@ -60,8 +62,8 @@ def test_options_reach_every_factory_and_factories_may_return_lists_or_none():
 
         specs = dict(zip("ab", make_specs(2, backend="emulated")))
         plugins = worker_plugins(specs, max_streams=2)
-        assert [type(p).__name__ for p in plugins] == ["DeviceSetup", "JobMonitor", "Marker"]
-        assert plugins[2].names == ["a", "b"] and device_plugin(plugins) is plugins[0]
+        assert [type(p).__name__ for p in plugins] == ["DeviceSetup", "JobMonitor", "WindowCachePlugin", "Marker"]
+        assert plugins[3].names == ["a", "b"] and device_plugin(plugins) is plugins[0]
         assert [type(p) for p in scheduler_plugins()] == [SchedulerMarker]
 
 
@@ -106,10 +108,11 @@ def test_gdask_worker_gives_each_worker_what_config_lists():
     add_arguments(p)
     args = p.parse_args(["tcp://127.0.0.1:1", "--backend", "emulated", "--n-devices", "2"])
     for kw in worker_kwargs(args):
-        assert {type(x).__name__ for x in kw["plugins"]} == {"DeviceSetup", "JobMonitor", WarmKernels.__name__}
+        assert {type(x).__name__ for x in kw["plugins"]} == {"DeviceSetup", "JobMonitor", "WindowCachePlugin",
+                                                            WarmKernels.__name__}
     with dask.config.set({"gdask.plugins.worker": ["gdask.scheduling:worker_plugins", f"{__name__}:marker"]}):
         names = [sorted(type(x).__name__ for x in kw["plugins"]) for kw in worker_kwargs(args)]
-    assert names == [["DeviceSetup", "JobMonitor", "Marker"]] * 2
+    assert names == [["DeviceSetup", "JobMonitor", "Marker", "WindowCachePlugin"]] * 2
 
 
 @pytest.mark.parametrize("module", ["gdask/_cluster.py", "gdask/_plugins.py", "gdask/testing.py",
