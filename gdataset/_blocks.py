@@ -146,10 +146,13 @@ def combine_op(combine: Callable[[list], Any], *parts: Any, finalize: tuple | No
     """Combine reduction partials (one level of the reduction tree); at the root, also apply
     ``finalize = (func, args)`` to the combined value."""
     dev = current_device()
+    # partials fetched from another worker, or moved to host memory by the window, arrive as host
+    # data: onto this device first, so that no combine mixes host and device arrays
+    parts = tuple(_on_device(p, dev) for p in parts)
     out = parts[0] if len(parts) == 1 else dev.run(combine, list(parts))
     if finalize is not None:
         func, args = finalize
-        out = dev.run(func, out, *args)
+        out = dev.run(func, out, *(_on_device(a, dev) for a in args))
     return out
 
 

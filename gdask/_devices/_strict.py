@@ -98,25 +98,27 @@ class StrictPool(EmulatedPool):
         return self._register(arr, nbytes)
 
     def empty(self, shape: tuple[int, ...], dtype: Any, order: str = "F") -> Any:
-        """An uninitialised (zeroed) strict array on the device, charged to the pool (``order`` is
-        ignored: strict arrays have no memory layout)."""
+        """An uninitialised (zeroed) strict array on the device, charged to the pool. Strict arrays
+        have no layout in the standard; underneath, their NumPy data takes ``order`` as the emulated
+        device's does, so both backends round reductions alike (the same bits)."""
         dt = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         self._charge(nbytes)  # raise before allocating
         try:
-            arr = self.xp.zeros(tuple(shape), dtype=getattr(self.xp, dt.name), device=self.device)
+            arr = self.xp.asarray(np.zeros(tuple(shape), dtype=dt, order=order), device=self.device)
         except BaseException:
             with self._lock:
                 self._used -= nbytes
             raise
         return self._register(arr, nbytes)
 
-    def copy_of(self, host: np.ndarray) -> Any:
-        """A strict device array with the values of host array ``host``, charged to the pool."""
+    def copy_of(self, host: np.ndarray, order: str = "K") -> Any:
+        """A strict device array with the values of host array ``host``, charged to the pool (its
+        NumPy data in ``order``, as :meth:`empty`)."""
         nbytes = int(host.nbytes)
         self._charge(nbytes)
         try:
-            arr = self.xp.asarray(np.array(host, copy=True), device=self.device)
+            arr = self.xp.asarray(np.array(host, copy=True, order=order), device=self.device)
         except BaseException:
             with self._lock:
                 self._used -= nbytes
@@ -147,11 +149,12 @@ class StrictDevice(EmulatedDevice):
 
     def asarray(self, x: Any, order: str = "F") -> Any:
         """Copy host data (a NumPy array, or anything ``numpy.asarray`` takes) onto the device; a strict
-        array of this device is copied on the device. ``order`` is ignored (no layouts)."""
+        array of this device is copied on the device. ``order`` is the layout of the NumPy data
+        underneath, as on the emulated device ("F" = feature-major for 2-D): the same rounding."""
         if is_strict(x):
             x = to_numpy(x)  # another strict device (or the CPU device): through the host, explicitly
         host = np.asarray(x)
-        out = self.with_room(host.nbytes, lambda: self.pool.copy_of(host), "a host->device copy")
+        out = self.with_room(host.nbytes, lambda: self.pool.copy_of(host, order), "a host->device copy")
         self._transfer(host.nbytes, "h2d")
         return out
 

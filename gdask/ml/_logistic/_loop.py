@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -52,6 +53,36 @@ class SolverState:
     message: str = ""
     z: np.ndarray | None = None  # gd: the momentum point (None: x)
     t: float = 1.0  # gd: the momentum's step counter
+    x0: np.ndarray | None = None  # lbfgs: where the solver started (a resume replays from there)
+    memo: list = field(default_factory=list)  # lbfgs: (digest of x, f, g) of every evaluation so far
+
+
+def _digest(x: np.ndarray) -> bytes:
+    return hashlib.blake2b(np.ascontiguousarray(x, dtype=np.float64).tobytes(), digest_size=16).digest()
+
+
+class _Replay:
+    """The objective as the solver sees it on a resumed fit: the evaluations the fit made before the
+    failure answered from the memo (the solver is deterministic, so it asks for the same points in the
+    same order), new ones computed by passes over the blocks. The solver's whole state (its curvature
+    pairs, its line search) is rebuilt bit for bit, without checkpointing scipy's internals."""
+
+    def __init__(self, memo: list, evaluate: Any) -> None:
+        self.memo = list(memo)
+        self.used = 0
+        self.evaluate = evaluate
+
+    def __call__(self, x: np.ndarray) -> tuple[float, np.ndarray]:
+        key = _digest(x)
+        if self.used < len(self.memo) and self.memo[self.used][0] == key:
+            _, f, g = self.memo[self.used]
+            self.used += 1
+            return f, g.copy()
+        del self.memo[self.used:]  # off the recorded path (not expected): compute from here on
+        f, g = self.evaluate(x)
+        self.memo.append((key, f, g.copy()))
+        self.used = len(self.memo)
+        return f, g
 
 
 class LogisticLoop(IterativeAlgorithm):
@@ -60,7 +91,8 @@ class LogisticLoop(IterativeAlgorithm):
     evaluation of the loss and its gradient is one pass over the blocks, combined in block order.
     On the workers every worker runs the same solver on the all-gathered objective (L-BFGS is
     deterministic: all take the same steps). The state is a :class:`SolverState`; a resumed fit
-    restarts the solver from the last finished iteration's parameters."""
+    replays L-BFGS from its start point with the memo of evaluations (the same bits as an unbroken fit),
+    and gradient descent from its checkpointed iterate and momentum."""
 
     name = "logistic-regression"
 
@@ -103,29 +135,40 @@ class LogisticLoop(IterativeAlgorithm):
         return self._gd(state, ctx)
 
     def _lbfgs(self, state: SolverState, ctx: LoopContext) -> SolverState:
+        """scipy's L-BFGS-B from the start point. A resumed fit (``ctx.iteration`` > 0) replays the
+        iterations already made from the memo of evaluations (no passes over the data) and goes on
+        from there: the same steps, so the same bits as a fit that never failed."""
         from scipy.optimize import minimize
 
-        last: dict[str, Any] = {}
+        if ctx.iteration >= self.max_iter:
+            return replace(state, status=1, message="max_iter reached")
+        x0 = state.x if state.x0 is None else state.x0
+        done = ctx.iteration  # iterations the checkpoint holds: replayed, not checkpointed again
+        last: dict[str, Any] = {"n": 0}
         passes = list(state.passes)
+        replay = _Replay(state.memo if state.x0 is not None else [],
+                         lambda x: self.objective(ctx, x, passes))
 
         def fun(x):
-            f, g = self.objective(ctx, x, passes)
+            f, g = replay(x)
             last["f"], last["g"] = f, g
             return f, g
 
         def callback(xk):
+            last["n"] += 1
+            if last["n"] <= done:
+                return
             f, g = last["f"], last["g"]
-            ctx.checkpoint(replace(state, x=np.array(xk, copy=True), passes=list(passes)), loss=f,
-                           grad_max=float(np.abs(g).max()),
+            ctx.checkpoint(replace(state, x=np.array(xk, copy=True), x0=x0, memo=list(replay.memo),
+                                   passes=list(passes)), loss=f, grad_max=float(np.abs(g).max()),
                            line=f"iteration {ctx.iteration + 1}: loss {f:.10g}, max |gradient| "
                                 f"{np.abs(g).max():.3g}")
 
-        left = self.max_iter - ctx.iteration
-        if left <= 0:
-            return replace(state, status=1, message="max_iter reached")
-        res = minimize(fun, state.x, method="L-BFGS-B", jac=True, callback=callback,
-                       options={"maxiter": left, "maxls": 50, "gtol": self.tol, "ftol": 64 * np.finfo(float).eps})
-        return replace(state, x=res.x, status=int(res.status), message=str(res.message), passes=passes)
+        res = minimize(fun, x0, method="L-BFGS-B", jac=True, callback=callback,
+                       options={"maxiter": self.max_iter, "maxls": 50, "gtol": self.tol,
+                                "ftol": 64 * np.finfo(float).eps})
+        return replace(state, x=res.x, x0=x0, memo=[], status=int(res.status), message=str(res.message),
+                       passes=passes)
 
     def _preconditioner(self, ctx: LoopContext, passes: list):
         """``g -> B^-1 g`` for the Hessian bound ``B`` (one pass over the data)."""
