@@ -38,7 +38,7 @@ from gdask.gdataset import DeviceShare, GDataSet, device_share, from_array, from
 
 __all__ = [
     "JOB_PARAMETERS", "OUTPUT_TYPES", "OUTPUT_TYPE_PARAMETER", "DeviceEstimatorMixin", "Input", "InputKind",
-    "NotFinite", "all_finite", "check_finite", "estimator_job", "host_array", "in_task_scope", "input_kind",
+    "NotFinite", "all_finite", "as_dask_array", "check_finite", "estimator_job", "host_array", "in_task_scope", "input_kind",
     "is_host_input", "job_share", "module_name", "require_finite", "shared_docs", "task_scope",
 ]
 
@@ -399,13 +399,37 @@ class DeviceEstimatorMixin:
         if inp.kind.container == "gdataset":
             return out
         if inp.kind.container == "dask":
-            return out.to_dask_array()
+            return as_dask_array(out, inp.kind, inp.original)
         return self._to_output(to_numpy(out.compute()), inp.kind, G)
 
     # -- the device share ----------------------------------------------------------------------------
     def _job(self) -> contextlib.AbstractContextManager:
         """The device share of the ``gpu``, ``memory`` and ``job_name`` parameters (:func:`estimator_job`)."""
         return estimator_job(self)
+
+
+def as_dask_array(G: GDataSet, kind: InputKind, like: Any = None) -> Any:
+    """A lazy result ``G`` as a dask array for dask input of ``kind``: one chunk per block (NumPy
+    chunks for NumPy-backed input, else the devices' arrays), rechunked to the rows of ``like`` (the
+    input dask array) when its blocking differs. Nothing is computed."""
+    import dask
+    import dask.array as da
+
+    tail = tuple(G.shape[1:])
+    host = kind.array == "numpy"
+    meta = getattr(like, "_meta", None)
+    meta = np.empty((0,) * (1 + len(tail)), dtype=G.dtype) if host or meta is None else \
+        meta[(slice(0, 0),) * meta.ndim].astype(G.dtype).reshape((0,) * (1 + len(tail)))
+    chunks = []
+    for b, rows in zip(G.to_delayed(), G.row_blocks):
+        v = dask.delayed(to_numpy, pure=True)(b) if host else b
+        chunks.append(da.from_delayed(v, shape=(rows, *tail), dtype=G.dtype, meta=meta))
+    out = da.concatenate(chunks, axis=0) if len(chunks) > 1 else chunks[0]
+    want = getattr(like, "chunks", None)
+    if isinstance(like, da.Array) and want and not any(np.isnan(c) for c in want[0]) and \
+            tuple(want[0]) != tuple(out.chunks[0]):
+        out = out.rechunk({0: want[0]})
+    return out
 
 
 def _device_sample(G: GDataSet) -> Any:

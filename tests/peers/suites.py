@@ -112,3 +112,9 @@ SUITES: tuple[Suite, ...] = (
                       "the maximum as 'min value' and the test matches that; gdask prints them the right way round")),
           skip=(_LEFT_OUT_ARRAY_API,)),
 )
+
+SUITES += (
+    Suite("sklearn.cluster.tests.test_k_means", {"sklearn.cluster": {"KMeans": "gdask.ml.KMeans"}}),
+    Suite("sklearn.linear_model.tests.test_logistic",
+          {"sklearn.linear_model": {"LogisticRegression": "gdask.ml.LogisticRegression"}}),
+)
