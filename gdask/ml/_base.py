@@ -38,8 +38,9 @@ from gdask.gdataset import DeviceShare, GDataSet, device_share, from_array, from
 
 __all__ = [
     "JOB_PARAMETERS", "OUTPUT_TYPES", "OUTPUT_TYPE_PARAMETER", "DeviceEstimatorMixin", "Input", "InputKind",
-    "NotFinite", "all_finite", "as_dask_array", "check_finite", "estimator_job", "host_array", "in_task_scope", "input_kind",
-    "is_host_input", "job_share", "module_name", "require_finite", "shared_docs", "task_scope",
+    "NotFinite", "all_finite", "as_dask_array", "check_finite", "densified", "estimator_job", "host_array",
+    "in_task_scope", "input_kind", "is_host_input", "job_share", "module_name", "require_finite", "shared_docs",
+    "task_scope",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -157,6 +158,16 @@ def input_kind(X: Any) -> InputKind:
         meta = getattr(X, "_meta", None)  # dask arrays and DataFrames: an empty chunk of their type
         return InputKind("dask", _DEVICE_MODULES.get(module_name(meta), "numpy"))
     return InputKind("array", _DEVICE_MODULES.get(module_name(X), "numpy"))
+
+
+def densified(X: Any) -> Any:
+    """A SciPy sparse matrix or array as a dense NumPy array (gdask's blocks are dense: sparse input costs
+    its dense size in memory); anything else as it is."""
+    try:
+        import scipy.sparse as sp
+    except ImportError:
+        return X
+    return X.toarray() if sp.issparse(X) else X
 
 
 def is_host_input(X: Any) -> bool:
