@@ -436,10 +436,10 @@ def as_dask_array(G: GDataSet, kind: InputKind, like: Any = None) -> Any:
         v = dask.delayed(to_numpy, pure=True)(b) if host else b
         chunks.append(da.from_delayed(v, shape=(rows, *tail), dtype=G.dtype, meta=meta))
     out = da.concatenate(chunks, axis=0) if len(chunks) > 1 else chunks[0]
-    want = getattr(like, "chunks", None)
-    if isinstance(like, da.Array) and want and not any(np.isnan(c) for c in want[0]) and \
-            tuple(want[0]) != tuple(out.chunks[0]):
-        out = out.rechunk({0: want[0]})
+    want = getattr(like, "chunks", None)  # its row chunks, the empty ones left out (as GDataSets do)
+    want = tuple(c for c in want[0] if c) if isinstance(like, da.Array) and want else None
+    if want and not any(np.isnan(c) for c in want) and want != tuple(out.chunks[0]):
+        out = out.rechunk({0: want})
     return out
 
 

@@ -67,3 +67,21 @@ def test_logistic_dask_input_lazy_same_values(kind):
         out = got.compute()
         assert isinstance(out, np.ndarray)
         np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-8)
+
+
+def test_kmeans_transform_dtype_as_sklearn_and_empty_chunks():
+    """transform's dtype is scikit-learn's (float32 only when X and the centers are); dask chunks
+    without rows are left out of the lazy outputs' blocking (as dask-ml does)."""
+    from sklearn.cluster import KMeans as SK
+
+    X = da.random.default_rng(0).uniform(size=(100, 2), chunks=(50, 2))
+    X32 = X.astype("f4")
+    for fit_on, apply_to in ((X, X), (X32, X32), (X, X32), (X32, X)):
+        a = gm.KMeans(3, random_state=0).fit(fit_on)
+        b = SK(3, random_state=0, n_init=1).fit(fit_on.compute())
+        assert a.cluster_centers_.dtype == b.cluster_centers_.dtype
+        assert a.transform(apply_to).dtype == b.transform(apply_to.compute()).dtype
+        assert a.transform(apply_to).compute().dtype == b.transform(apply_to.compute()).dtype
+    Xe = da.random.default_rng(1).random((100, 4), chunks=((0, 5, 95), (4,)))
+    out = gm.KMeans(2, random_state=0).fit_transform(Xe)
+    assert out.chunks == ((5, 95), (2,))

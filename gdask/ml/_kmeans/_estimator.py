@@ -349,6 +349,11 @@ class KMeans(DeviceEstimatorMixin, ClassNamePrefixFeaturesOutMixin, ClusterMixin
         X) for a GDataSet or dask input."""
         self._check_fitted()
         G, inp = self._prepare(X, reset=False)
+        # scikit-learn's dtype: float32 only when both X and the fitted centers are float32
+        dt = np.result_type(np.dtype(G.dtype), np.dtype(str(self.cluster_centers_.dtype)))
+        if dt != np.dtype(G.dtype):
+            G = G.astype(dt)
+            inp = Input(inp.kind, G, inp.original)
         c = self._centers_for(G)
         if inp.kind.lazy:
             return self._blockwise(inp, distances_block, c, dtype=G.dtype, ncols=c.shape[0], name="kmeans-transform")
