@@ -131,7 +131,8 @@ def test_sklearn_compat_messages_and_warnings():
         K(4, init=X[:2]).fit(X)
     with pytest.raises(ValueError, match="does not match the number of features of the data 3"):
         K(2, init=X[:2, :2]).fit(X)
-    assert K(3, init="random", n_init="auto").fit(X)._n_init == 10
+    km = K(3, init="random", n_init="auto").fit(X)
+    assert km._n_init == 10 and km.fit(X)._n_init == 10  # refits too
     with pytest.warns(RuntimeWarning, match="doesn't make sense for a single cluster"):
         K(1, algorithm="elkan").fit(X)
     assert list(K(2).fit(X).get_feature_names_out()) == ["kmeans0", "kmeans1"]

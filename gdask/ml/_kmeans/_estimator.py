@@ -230,7 +230,7 @@ class KMeans(DeviceEstimatorMixin, ClassNamePrefixFeaturesOutMixin, ClusterMixin
         with self._job():  # blocks made inside a job get the job's private keys
             return self._fit(X, sample_weight)
 
-    def _n_init(self) -> int:
+    def _count_inits(self) -> int:
         n_init = self.n_init
         if n_init == "auto":
             return 10 if (isinstance(self.init, str) and self.init == "random") or callable(self.init) else 1
@@ -238,7 +238,7 @@ class KMeans(DeviceEstimatorMixin, ClassNamePrefixFeaturesOutMixin, ClusterMixin
             import warnings
 
             warnings.warn(f"Explicit initial center position passed: performing only one init in KMeans instead "
-                          f"of n_init={n_init}.", RuntimeWarning, stacklevel=3)
+                          f"of n_init={n_init}.", RuntimeWarning, stacklevel=5)
             return 1
         return int(n_init)
 
@@ -246,7 +246,7 @@ class KMeans(DeviceEstimatorMixin, ClassNamePrefixFeaturesOutMixin, ClusterMixin
         """The number of inits (kept as ``_n_init``, as scikit-learn), and scikit-learn's warnings."""
         import warnings
 
-        self._n_init = self._n_init()
+        self._n_init = self._count_inits()
         if self.n_clusters == 1 and self.algorithm == "elkan":
             warnings.warn("algorithm='elkan' doesn't make sense for a single cluster. Using 'lloyd' instead.",
                           RuntimeWarning, stacklevel=4)
