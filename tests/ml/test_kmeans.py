@@ -148,3 +148,12 @@ def test_sklearn_compat_messages_and_warnings():
     sparse = K(3, init=X[:3]).fit(sp.csr_matrix(X))
     np.testing.assert_allclose(sparse.cluster_centers_, dense.cluster_centers_)
     np.testing.assert_array_equal(sparse.predict(sp.csr_array(X)), dense.labels_)
+
+
+@pytest.mark.parametrize("init", ["k-means||", "k-means++", "random"])
+def test_unit_weights_fit_as_no_weights(init):
+    X = np.random.default_rng(3).normal(size=(120, 3))
+    a = KMeans(3, init=init, random_state=5, n_init=1).fit(X)
+    b = KMeans(3, init=init, random_state=5, n_init=1).fit(X, sample_weight=np.ones(len(X)))
+    np.testing.assert_array_equal(a.labels_, b.labels_)
+    np.testing.assert_allclose(a.cluster_centers_, b.cluster_centers_)

@@ -33,6 +33,9 @@ class Suite:
     #: tests left out to keep CI's cost down (fnmatch patterns), with why
     skip: tuple[Rule, ...] = ()
     requires: tuple[str, ...] = field(default=("sklearn",))
+    #: for a peer whose wheel ships no tests: the environment variable naming a folder of its test files
+    #: (a checkout's ``tests/``); ``module``'s last part is the file's name; unset: the suite is not collected
+    source: str | None = None
 
 
 SPARSE = "sparse input: gdask.ml estimators take dense data (NumPy, CuPy, dask, GDataSet) and refuse sparse matrices"

@@ -273,9 +273,12 @@ class KMeans(DeviceEstimatorMixin, ClassNamePrefixFeaturesOutMixin, ClusterMixin
             if not inp.kind.host and isinstance(self.init, str):  # the init reads the data: check first
                 check_finite(G)
         lazy = inp.kind.lazy
+        # equal weights draw the init from the same distribution as none: draw it the same way (same seed,
+        # same centers: unit weights fit as no weights, as scikit-learn)
+        init_weights = (None, None) if w is not None and bool(np.all(w == w[0])) else (w, W)
         best = None
         for _ in range(n_init):
-            centers = self._init_centers(G, rng, w, W, original=X)
+            centers = self._init_centers(G, rng, *init_weights, original=X)
             bounds = self.n_clusters > 1 and (self.algorithm == "elkan" or (self.algorithm == "auto" and d >= 8))
             state = LoopState(centers, bounds, tol, np.dtype(G.dtype), n)
             algo = KMeansLoop(self.max_iter, weighted=W is not None, labels=not lazy)
