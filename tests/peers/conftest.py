@@ -194,6 +194,9 @@ class Tracker:
 
     def _keep(self, item: Any, suite: Any) -> bool:
         targets = {n for names in suite.swap.values() for n in names}
+        gdask_objs = [_resolve(t) for names in suite.swap.values() for t in names.values()]
+        # the names the module bound them to (``from dask_ml.cluster import KMeans as DKKMeans``)
+        targets |= {n for n, v in item.module.__dict__.items() if any(v is g for g in gdask_objs)}
         objs = tuple(item.module.__dict__[n] for n in targets if n in item.module.__dict__)
         callspec = getattr(item, "callspec", None)
         if callspec is not None and _holds(list(callspec.params.values()), objs):
