@@ -121,8 +121,8 @@ KMEANS_VERBOSE = ("verbose levels: gdask's verbose=1 is a progress bar and a sum
                   "from verbose=2: scikit-learn's 'Initialization complete' / 'Converged at iteration' lines are not "
                   "printed")
 KMEANS_DIAGNOSTICS = ("dask-ml's assert_estimator_equal requires exactly scikit-learn's set of public fitted "
-                      "attributes; gdask's KMeans also has its diagnostics fit_mode_, history_ and iteration_times_ (used by "
-                      "gdask.plot, the CLI and the notebooks); the values it compares match")
+                      "attributes; gdask's KMeans also has its diagnostics fit_mode_, history_ and iteration_times_ "
+                      "(used by gdask.plot, the CLI and the notebooks); the values it compares match")
 KMEANS_WEIGHT_EQUIVALENCE = ("check_estimator's check_sample_weight_equivalence_on_dense_data: weights are not "
                              "equivalent to repeated rows for K-means' random init; scikit-learn marks the same check "
                              "xfail for its own KMeans (PER_ESTIMATOR_XFAIL_CHECKS), dask-ml's test lists only its own "
