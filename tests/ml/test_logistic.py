@@ -250,3 +250,10 @@ def test_sparse_input_densified():
     got = LogisticRegression().fit(sp.csr_matrix(X), y)
     np.testing.assert_allclose(got.coef_, ref.coef_)
     np.testing.assert_allclose(got.predict_proba(sp.csr_array(X)), ref.predict_proba(X))
+
+
+def test_penalty_none_with_C_warns_as_sklearn():
+    X = np.random.default_rng(0).normal(size=(40, 2))
+    y = (X[:, 0] > 0).astype(int)
+    with pytest.warns(UserWarning, match="Setting penalty=None will ignore the C"):
+        LogisticRegression(penalty=None, C=4).fit(X, y)

@@ -187,6 +187,8 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
         cw = self.class_weight
         if not (cw is None or cw == "balanced" or isinstance(cw, dict)):
             raise ValueError(f"class_weight must be None, 'balanced' or a dict, got {cw!r}")
+        if self.penalty is None and self.C != 1.0:  # scikit-learn's warning
+            warnings.warn("Setting penalty=None will ignore the C and l1_ratio parameters", UserWarning, stacklevel=3)
 
     def _labels(self, y: Any, G: GDataSet, W: GDataSet | None, w_host: np.ndarray | None
                 ) -> tuple[GDataSet, np.ndarray, np.ndarray]:
@@ -302,8 +304,8 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
             check_finite(G)
             raise ValueError(f"{e}; scale the features down (e.g. StandardScaler)") from None
         if res.state.status != 0:
-            _convergence_warning(f"{self.solver} failed to converge after {res.iterations} iteration(s) "
-                                 f"(status={res.state.status}): {res.state.message}")
+            _convergence_warning(_not_converged(self.solver, res.iterations) + f" (status={res.state.status}): "
+                                 f"{res.state.message}")
         coef, intercept = layout.unpack(res.state.x)
         dtype = G.dtype
         self.coef_ = self._to_output(coef.astype(dtype), inp.kind, G)
@@ -410,6 +412,18 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
 
         return float(accuracy_score(host_array(y), host_array(self.predict(X)),
                                     sample_weight=host_array(sample_weight)))
+
+
+def _not_converged(solver: str, iterations: int) -> str:
+    """The first line of the ConvergenceWarning, as scikit-learn words it for ``solver`` (the names solved by
+    gdask's lbfgs say so)."""
+    by = "" if solver in _SOLVERS else " (solved by gdask's lbfgs)"
+    if solver in ("sag", "saga"):
+        return f"The max_iter was reached which means the coef_ did not converge after {iterations} iteration(s){by}"
+    if solver == "newton-cholesky":
+        return f"Newton solver did not converge after {iterations} iterations{by}"
+    tail = ". Increase the number of iterations." if solver == "newton-cg" else ""
+    return f"{solver} failed to converge after {iterations} iteration(s){by}{tail}"
 
 
 def _convergence_warning(msg: str) -> None:
