@@ -129,7 +129,8 @@ KMEANS_WEIGHT_EQUIVALENCE = ("check_estimator's check_sample_weight_equivalence_
                              "failure")
 
 LIBLINEAR = ("solver='liblinear' solves another problem (it penalises the intercept, fits one-vs-rest): gdask "
-             "refuses it with a ValueError naming the solvers it takes (the tests fit or expect liblinear's own messages)")
+             "refuses it with a ValueError naming the solvers it takes (the tests fit or expect liblinear's own "
+             "messages)")
 L1_PENALTIES = ("penalty 'l1' / 'elasticnet' (l1_ratio > 0): gdask solves the smooth L2 (or unpenalised) problem only, "
                 "no OWL-QN or proximal steps yet, and refuses them with a ValueError")
 NEWTON_WARM_START = ("'newton-cg' / 'newton-cholesky' are solved by gdask's L-BFGS: the test checks that two "
