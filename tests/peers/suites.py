@@ -165,6 +165,10 @@ SUITES += (
                  Rule(("test_warm_start_newton_solver[*",), NEWTON_WARM_START),
                  Rule(("test_logistic_regression_cv_refit[*-0]", "test_LogisticRegressionCV_on_folds"), LBFGS_PRECISION,
                       strict=False),
+                 Rule(("test_newton_cholesky_fallback_to_lbfgs",),
+                      "scikit-learn's newton-cholesky falls back to its lbfgs on a rank-deficient Hessian, then warns "
+                      "with lbfgs's message and counts the Newton attempt; gdask solves 'newton-cholesky' with its "
+                      "L-BFGS from the start and words the ConvergenceWarning for the solver name given"),
                  Rule(("test_logreg_predict_proba_multinomial[*",), PRIVATE + " (_predict_proba_lr)"),
                  Rule(("test_logistic_cv_multinomial_score[*",), PRIVATE + " (_log_reg_scoring_path)"),
                  Rule(("test_logistic_regression_callback_*",), SKLEARN_CALLBACKS),
