@@ -10,7 +10,7 @@ import dask
 import numpy as np
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin
 
-from gdask.devices import to_numpy
+from gdask.devices import numpy_dtype, to_numpy
 from gdask.gdataset import GDataSet, Progress, device_call, from_array, persisted_futures, run_loop
 from gdask.ml import kernels
 from gdask.ml._base import (
@@ -353,7 +353,7 @@ class KMeans(DeviceEstimatorMixin, ClassNamePrefixFeaturesOutMixin, ClusterMixin
         self._check_fitted()
         G, inp = self._prepare(X, reset=False)
         # scikit-learn's dtype: float32 only when both X and the fitted centers are float32
-        dt = np.result_type(np.dtype(G.dtype), np.dtype(str(self.cluster_centers_.dtype)))
+        dt = np.result_type(np.dtype(G.dtype), numpy_dtype(self.cluster_centers_.dtype))
         if dt != np.dtype(G.dtype):
             G = G.astype(dt)
             inp = Input(inp.kind, G, inp.original)
