@@ -130,6 +130,11 @@ class KMeans(DeviceEstimatorMixin, ClassNamePrefixFeaturesOutMixin, ClusterMixin
         self.job_name = job_name
         self.output_type = output_type
 
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True  # densified (gdask.ml._base.densified)
+        return tags
+
     @property
     def _n_features_out(self) -> int:
         """Number of transformed output features (one distance per center), for ``get_feature_names_out``."""

@@ -156,7 +156,7 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.input_tags.sparse = False
+        tags.input_tags.sparse = True  # densified (gdask.ml._base.densified)
         return tags
 
     # -- validation ------------------------------------------------------------------------------
