@@ -38,8 +38,9 @@ from gdask.gdataset import DeviceShare, GDataSet, device_share, from_array, from
 
 __all__ = [
     "JOB_PARAMETERS", "OUTPUT_TYPES", "OUTPUT_TYPE_PARAMETER", "DeviceEstimatorMixin", "Input", "InputKind",
-    "NotFinite", "all_finite", "check_finite", "estimator_job", "host_array", "in_task_scope", "input_kind",
-    "is_host_input", "job_share", "module_name", "require_finite", "shared_docs", "task_scope",
+    "NotFinite", "all_finite", "as_dask_array", "check_finite", "densified", "estimator_job", "host_array",
+    "in_task_scope", "input_kind", "is_host_input", "job_share", "module_name", "require_finite", "shared_docs",
+    "task_scope",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -157,6 +158,16 @@ def input_kind(X: Any) -> InputKind:
         meta = getattr(X, "_meta", None)  # dask arrays and DataFrames: an empty chunk of their type
         return InputKind("dask", _DEVICE_MODULES.get(module_name(meta), "numpy"))
     return InputKind("array", _DEVICE_MODULES.get(module_name(X), "numpy"))
+
+
+def densified(X: Any) -> Any:
+    """A SciPy sparse matrix or array as a dense NumPy array (gdask's blocks are dense: sparse input costs
+    its dense size in memory); anything else as it is."""
+    try:
+        import scipy.sparse as sp
+    except ImportError:
+        return X
+    return X.toarray() if sp.issparse(X) else X
 
 
 def is_host_input(X: Any) -> bool:
@@ -399,13 +410,37 @@ class DeviceEstimatorMixin:
         if inp.kind.container == "gdataset":
             return out
         if inp.kind.container == "dask":
-            return out.to_dask_array()
+            return as_dask_array(out, inp.kind, inp.original)
         return self._to_output(to_numpy(out.compute()), inp.kind, G)
 
     # -- the device share ----------------------------------------------------------------------------
     def _job(self) -> contextlib.AbstractContextManager:
         """The device share of the ``gpu``, ``memory`` and ``job_name`` parameters (:func:`estimator_job`)."""
         return estimator_job(self)
+
+
+def as_dask_array(G: GDataSet, kind: InputKind, like: Any = None) -> Any:
+    """A lazy result ``G`` as a dask array for dask input of ``kind``: one chunk per block (NumPy
+    chunks for NumPy-backed input, else the devices' arrays), rechunked to the rows of ``like`` (the
+    input dask array) when its blocking differs. Nothing is computed."""
+    import dask
+    import dask.array as da
+
+    tail = tuple(G.shape[1:])
+    host = kind.array == "numpy"
+    meta = getattr(like, "_meta", None)
+    meta = np.empty((0,) * (1 + len(tail)), dtype=G.dtype) if host or meta is None else \
+        meta[(slice(0, 0),) * meta.ndim].astype(G.dtype).reshape((0,) * (1 + len(tail)))
+    chunks = []
+    for b, rows in zip(G.to_delayed(), G.row_blocks):
+        v = dask.delayed(to_numpy, pure=True)(b) if host else b
+        chunks.append(da.from_delayed(v, shape=(rows, *tail), dtype=G.dtype, meta=meta))
+    out = da.concatenate(chunks, axis=0) if len(chunks) > 1 else chunks[0]
+    want = getattr(like, "chunks", None)  # its row chunks, the empty ones left out (as GDataSets do)
+    want = tuple(c for c in want[0] if c) if isinstance(like, da.Array) and want else None
+    if want and not any(np.isnan(c) for c in want) and want != tuple(out.chunks[0]):
+        out = out.rechunk({0: want})
+    return out
 
 
 def _device_sample(G: GDataSet) -> Any:

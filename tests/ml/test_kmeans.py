@@ -69,7 +69,7 @@ def test_dataframe_and_float64_inputs(blobs):
      (np.ones((3, 2)), {"n_clusters": 5}, ValueError, "n_clusters"),
      (np.array([["a", "b"]]), {"n_clusters": 1}, ValueError, "could not convert"),
      (np.array([[1 + 1j, 2]]), {"n_clusters": 1}, ValueError, "[Cc]omplex"),
-     (np.ones((4, 2)), {"n_clusters": 2, "init": np.ones((3, 2))}, ValueError, "init array"),
+     (np.ones((4, 2)), {"n_clusters": 2, "init": np.ones((3, 2))}, ValueError, "initial centers"),
      (np.ones((4, 2)), {"n_clusters": 2, "init": "bogus"}, ValueError, "init must be")],
 )
 def test_bad_input(X, kw, exc, match):
@@ -113,3 +113,47 @@ def test_many_empty_clusters_take_the_farthest_points(n_empty, backend):
     key = lambda c: np.lexsort(np.asarray(c, np.float64).T[::-1])  # noqa: E731
     np.testing.assert_allclose(np.asarray(km.cluster_centers_)[key(km.cluster_centers_)],
                                ref.cluster_centers_[key(ref.cluster_centers_)], rtol=1e-5, atol=1e-6)
+
+
+def test_sklearn_compat_messages_and_warnings():
+    """scikit-learn's init-shape messages, _n_init, the elkan single-cluster warning, feature names out,
+    the distinct-clusters ConvergenceWarning, a RandomState for callable inits, sparse input densified."""
+    import re
+    import warnings
+
+    import scipy.sparse as sp
+    from sklearn.exceptions import ConvergenceWarning
+
+    from gdask.ml import KMeans as K
+
+    X = np.random.default_rng(0).normal(size=(50, 3))
+    with pytest.raises(ValueError, match=re.escape("does not match the number of clusters 4")):
+        K(4, init=X[:2]).fit(X)
+    with pytest.raises(ValueError, match="does not match the number of features of the data 3"):
+        K(2, init=X[:2, :2]).fit(X)
+    km = K(3, init="random", n_init="auto").fit(X)
+    assert km._n_init == 10 and km.fit(X)._n_init == 10  # refits too
+    with pytest.warns(RuntimeWarning, match="doesn't make sense for a single cluster"):
+        K(1, algorithm="elkan").fit(X)
+    assert list(K(2).fit(X).get_feature_names_out()) == ["kmeans0", "kmeans1"]
+    seen = []
+    K(2, init=lambda X, k, rs: (seen.append(rs), X[:k])[1]).fit(X)
+    assert all(isinstance(r, np.random.RandomState) for r in seen) and len(seen) == 10
+    dup = np.array([[0.0, 0], [0, 1], [1, 0], [1, 0]])
+    with pytest.warns(ConvergenceWarning, match=re.escape("Number of distinct clusters (3) found smaller")):
+        K(4, init=dup, n_init=1).fit(dup)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        dense = K(3, init=X[:3]).fit(X)
+    sparse = K(3, init=X[:3]).fit(sp.csr_matrix(X))
+    np.testing.assert_allclose(sparse.cluster_centers_, dense.cluster_centers_)
+    np.testing.assert_array_equal(sparse.predict(sp.csr_array(X)), dense.labels_)
+
+
+@pytest.mark.parametrize("init", ["k-means||", "k-means++", "random"])
+def test_unit_weights_fit_as_no_weights(init):
+    X = np.random.default_rng(3).normal(size=(120, 3))
+    a = KMeans(3, init=init, random_state=5, n_init=1).fit(X)
+    b = KMeans(3, init=init, random_state=5, n_init=1).fit(X, sample_weight=np.ones(len(X)))
+    np.testing.assert_array_equal(a.labels_, b.labels_)
+    np.testing.assert_allclose(a.cluster_centers_, b.cluster_centers_)

@@ -199,7 +199,7 @@ def test_warm_start_continues():
      ({}, np.ones((4, 2)), [0.1, 0.5, 1.2, 3.3], "Unknown label type"),
      ({}, np.ones((4, 2)), [0, 1, 0], "inconsistent numbers of samples"),
      ({"C": 0}, np.ones((4, 2)), [0, 1, 0, 1], "C must be"),
-     ({"solver": "saga"}, np.ones((4, 2)), [0, 1, 0, 1], "solver must be"),
+     ({"solver": "liblinear"}, np.ones((4, 2)), [0, 1, 0, 1], "solver must be"),
      ({"max_iter": -1}, np.ones((4, 2)), [0, 1, 0, 1], "max_iter"),
      ({"class_weight": {7: 2.0}}, np.ones((4, 2)), [0, 1, 0, 1], "not in class_weight")],
 )
@@ -226,3 +226,34 @@ def test_bad_blocked_input():
     clf = LogisticRegression().fit(G, y)
     with pytest.raises(ValueError, match="expecting 6 features"):
         clf.predict(gdask.from_array(X[:, :4], block_rows=100))  # checked when the lazy result is made
+
+
+@pytest.mark.parametrize("solver", ["newton-cg", "newton-cholesky", "sag", "saga"])
+def test_sklearn_solver_names_solved_by_lbfgs(solver):
+    """scikit-learn's solvers of the same problem are accepted by name and give lbfgs's solution."""
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(200, 3))
+    y = (X @ [1.0, -2.0, 0.5] + rng.normal(size=200) > 0).astype(int)
+    ref = LogisticRegression().fit(X, y)
+    got = LogisticRegression(solver=solver).fit(X, y)
+    np.testing.assert_array_equal(got.coef_, ref.coef_)
+    np.testing.assert_array_equal(got.intercept_, ref.intercept_)
+
+
+def test_sparse_input_densified():
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(100, 4)) * (rng.random((100, 4)) < 0.5)
+    y = (X[:, 0] > 0).astype(int)
+    ref = LogisticRegression().fit(X, y)
+    got = LogisticRegression().fit(sp.csr_matrix(X), y)
+    np.testing.assert_allclose(got.coef_, ref.coef_)
+    np.testing.assert_allclose(got.predict_proba(sp.csr_array(X)), ref.predict_proba(X))
+
+
+def test_penalty_none_with_C_warns_as_sklearn():
+    X = np.random.default_rng(0).normal(size=(40, 2))
+    y = (X[:, 0] > 0).astype(int)
+    with pytest.warns(UserWarning, match="Setting penalty=None will ignore the C"):
+        LogisticRegression(penalty=None, C=4).fit(X, y)

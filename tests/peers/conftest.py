@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import os
 import re
 import sys
 import types
@@ -75,7 +76,38 @@ class PeerModule(pytest.Module):
         name = self.suite.module
         sys.modules.pop(name, None)
         with swapped(self.suite.swap):
-            return importlib.import_module(name)
+            if self.suite.source is None:
+                return importlib.import_module(name)
+            return _load_file(name, self.path)
+
+
+def _load_file(name: str, path: Path) -> types.ModuleType:
+    """The module of the file ``path`` imported under ``name``."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _origin(suite: Any, pm: Any) -> Path | None:
+    """The file of ``suite``'s test module: an installed module's, or, for a peer whose wheel ships no
+    tests, ``<$suite.source>/<last part of its name>.py`` (its ``conftest.py`` there registered for its
+    fixtures); None when not available."""
+    if suite.source is None:
+        spec = importlib.util.find_spec(suite.module)
+        return None if spec is None or spec.origin is None else Path(spec.origin)
+    folder = os.environ.get(suite.source)
+    if not folder:
+        return None
+    path = Path(folder) / (suite.module.rpartition(".")[2] + ".py")
+    if not path.is_file():
+        return None
+    conftest = path.parent / "conftest.py"
+    plugin = suite.module.rpartition(".")[0] + ".conftest"
+    if conftest.is_file() and not pm.has_plugin(plugin):
+        pm.register(_load_file(plugin, conftest), plugin)
+    return path
 
 
 class PeerSuites(pytest.File):
@@ -91,10 +123,10 @@ class PeerSuites(pytest.File):
         for suite in table.SUITES:
             if any(importlib.util.find_spec(r) is None for r in suite.requires):
                 continue
-            spec = importlib.util.find_spec(suite.module)
-            if spec is None or spec.origin is None:
+            origin = _origin(suite, pm)
+            if origin is None:
                 continue
-            mod = PeerModule.from_parent(self, path=Path(spec.origin), name=suite.module.replace(".", "/") + ".py")
+            mod = PeerModule.from_parent(self, path=origin, name=suite.module.replace(".", "/") + ".py")
             mod.suite = suite
             yield mod
 
@@ -162,6 +194,9 @@ class Tracker:
 
     def _keep(self, item: Any, suite: Any) -> bool:
         targets = {n for names in suite.swap.values() for n in names}
+        gdask_objs = [_resolve(t) for names in suite.swap.values() for t in names.values()]
+        # the names the module bound them to (``from dask_ml.cluster import KMeans as DKKMeans``)
+        targets |= {n for n, v in item.module.__dict__.items() if any(v is g for g in gdask_objs)}
         objs = tuple(item.module.__dict__[n] for n in targets if n in item.module.__dict__)
         callspec = getattr(item, "callspec", None)
         if callspec is not None and _holds(list(callspec.params.values()), objs):

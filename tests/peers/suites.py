@@ -33,6 +33,9 @@ class Suite:
     #: tests left out to keep CI's cost down (fnmatch patterns), with why
     skip: tuple[Rule, ...] = ()
     requires: tuple[str, ...] = field(default=("sklearn",))
+    #: for a peer whose wheel ships no tests: the environment variable naming a folder of its test files
+    #: (a checkout's ``tests/``); ``module``'s last part is the file's name; unset: the suite is not collected
+    source: str | None = None
 
 
 SPARSE = "sparse input: gdask.ml estimators take dense data (NumPy, CuPy, dask, GDataSet) and refuse sparse matrices"
@@ -111,4 +114,72 @@ SUITES: tuple[Suite, ...] = (
                  Rule(("test_check_weights",), "scikit-learn's range message prints the minimum as 'max value' and "
                       "the maximum as 'min value' and the test matches that; gdask prints them the right way round")),
           skip=(_LEFT_OUT_ARRAY_API,)),
+)
+
+KMEANS_VERBOSE = ("verbose levels: gdask's verbose=1 is a progress bar and a summary line (gdask.gdataset.Progress, "
+                  "shared by every estimator); per-iteration lines, in gdask's format (time, inertia, center shift), "
+                  "from verbose=2: scikit-learn's 'Initialization complete' / 'Converged at iteration' lines are not "
+                  "printed")
+KMEANS_DIAGNOSTICS = ("dask-ml's assert_estimator_equal requires exactly scikit-learn's set of public fitted "
+                      "attributes; gdask's KMeans also has its diagnostics fit_mode_, history_ and iteration_times_ "
+                      "(used by gdask.plot, the CLI and the notebooks); the values it compares match")
+KMEANS_WEIGHT_EQUIVALENCE = ("check_estimator's check_sample_weight_equivalence_on_dense_data: weights are not "
+                             "equivalent to repeated rows for K-means' random init; scikit-learn marks the same check "
+                             "xfail for its own KMeans (PER_ESTIMATOR_XFAIL_CHECKS), dask-ml's test lists only its own "
+                             "failure")
+
+LIBLINEAR = ("solver='liblinear' solves another problem (it penalises the intercept, fits one-vs-rest): gdask "
+             "refuses it with a ValueError naming the solvers it takes (the tests fit or expect liblinear's own "
+             "messages)")
+L1_PENALTIES = ("penalty 'l1' / 'elasticnet' (l1_ratio > 0): gdask solves the smooth L2 (or unpenalised) problem only, "
+                "no OWL-QN or proximal steps yet, and refuses them with a ValueError")
+NEWTON_WARM_START = ("'newton-cg' / 'newton-cholesky' are solved by gdask's L-BFGS: the test checks that two "
+                     "warm-started single steps equal two steps, true of Newton's memoryless steps but not of L-BFGS, "
+                     "whose curvature memory restarts with each fit")
+LBFGS_PRECISION = ("compares gdask's L-BFGS solution with scikit-learn's own fits (LogisticRegressionCV's saga / lbfgs "
+                   "path) at rtol 1e-7: two solvers stopping at tol=1e-4 agree to ~3e-6 relative")
+SKLEARN_CALLBACKS = ("scikit-learn's experimental callback API (set_callbacks, sklearn.callback) is not implemented: "
+                     "gdask's estimators take a callback parameter instead")
+DEPRECATIONS = ("scikit-learn 1.8's deprecations (the penalty parameter, l1_ratio=None, n_jobs) warn with a "
+                "FutureWarning; gdask keeps these parameters (penalty chooses its penalty) and does not warn")
+
+SUITES += (
+    Suite("sklearn.cluster.tests.test_k_means", {"sklearn.cluster": {"KMeans": "gdask.ml.KMeans"}},
+          xfail=(Rule(("test_kmeans_verbose[*",), KMEANS_VERBOSE),
+                 Rule(("test_sample_weight_init[*", "test_sample_weight_zero[*"), PRIVATE + " (_init_centroids)"))),
+    # dask-ml's wheel ships no tests: set GDASK_PEERS_DASK_ML_TESTS to a dask-ml checkout's tests/ folder (same
+    # version as installed) to run its K-means module
+    Suite("dask_ml_tests.test_kmeans", {"dask_ml.cluster": {"KMeans": "gdask.ml.KMeans"}},
+          xfail=(Rule(("test_check_estimator",), KMEANS_WEIGHT_EQUIVALENCE),
+                 Rule(("test_basic",), KMEANS_DIAGNOSTICS)),
+          requires=("sklearn", "dask_ml"), source="GDASK_PEERS_DASK_ML_TESTS"),
+    Suite("sklearn.linear_model.tests.test_logistic",
+          {"sklearn.linear_model": {"LogisticRegression": "gdask.ml.LogisticRegression"}},
+          xfail=(Rule(("*liblinear*", "test_consistency_path[*", "test_logistic_cv[*",
+                       "test_logistic_regression_solvers[*",
+                       "test_logistic_regression_class_weights[*", "test_logreg_l1[*", "test_check_solver_option[*"),
+                      LIBLINEAR, strict=False),
+                 Rule(("*elastic_net*", "*elasticnet*", "test_logistic_regression_cv_refit[*-1]",
+                       "test_l1_ratio_non_elasticnet", "test_lr_penalty_l1ratio_incompatible[*"), L1_PENALTIES,
+                      strict=False),
+                 Rule(("test_warm_start_newton_solver[*",), NEWTON_WARM_START),
+                 Rule(("test_logistic_regression_cv_refit[*-0]", "test_LogisticRegressionCV_on_folds"), LBFGS_PRECISION,
+                      strict=False),
+                 Rule(("test_newton_cholesky_fallback_to_lbfgs",),
+                      "scikit-learn's newton-cholesky falls back to its lbfgs on a rank-deficient Hessian, then warns "
+                      "with lbfgs's message and counts the Newton attempt; gdask solves 'newton-cholesky' with its "
+                      "L-BFGS from the start and words the ConvergenceWarning for the solver name given"),
+                 Rule(("test_logreg_predict_proba_multinomial[*",), PRIVATE + " (_predict_proba_lr)"),
+                 Rule(("test_logistic_cv_multinomial_score[*",), PRIVATE + " (_log_reg_scoring_path)"),
+                 Rule(("test_logistic_regression_callback_*",), SKLEARN_CALLBACKS),
+                 Rule(("test_sparsify[*",), "sparsify(): gdask's coef_ stays a dense array (no SparseCoefMixin)"),
+                 Rule(("test_penalty_deprecated[*", "test_l1_ratio_None_deprecated",
+                       "test_logisticregression_warns_with_n_jobs"), DEPRECATIONS),
+                 Rule(("test_large_sparse_matrix[*-sag]", "test_large_sparse_matrix[*-saga]"),
+                      "sparse input is densified by gdask (its blocks are dense): the ValueError scikit-learn's "
+                      "sag/saga raise for 64-bit sparse indices does not apply")),
+          skip=(_LEFT_OUT_ARRAY_API,
+                Rule(("test_multinomial_cv_iris[*", "test_logistic_regression_solvers_multiclass[*"),
+                     "left out (CI cost): GridSearchCV / every solver name over many C values fit gdask's "
+                     "LogisticRegression hundreds of times on iris (over 25 s each on 2 cores)"))),
 )

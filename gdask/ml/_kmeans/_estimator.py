@@ -8,9 +8,9 @@ from typing import Any
 
 import dask
 import numpy as np
-from sklearn.base import BaseEstimator, ClusterMixin, TransformerMixin
+from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin
 
-from gdask.devices import to_numpy
+from gdask.devices import numpy_dtype, to_numpy
 from gdask.gdataset import GDataSet, Progress, device_call, from_array, persisted_futures, run_loop
 from gdask.ml import kernels
 from gdask.ml._base import (
@@ -18,6 +18,7 @@ from gdask.ml._base import (
     Input,
     NotFinite,
     check_finite,
+    densified,
     host_array,
     in_task_scope,
     shared_docs,
@@ -32,7 +33,7 @@ __all__ = ["KMeans"]
 
 
 @shared_docs
-class KMeans(DeviceEstimatorMixin, ClusterMixin, TransformerMixin, BaseEstimator):
+class KMeans(DeviceEstimatorMixin, ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin, BaseEstimator):
     """K-means clustering (Lloyd) over device-resident blocks, scikit-learn API.
 
     Accepts NumPy / CuPy arrays, pandas DataFrames and GDataSets; works with a
@@ -129,6 +130,16 @@ class KMeans(DeviceEstimatorMixin, ClusterMixin, TransformerMixin, BaseEstimator
         self.job_name = job_name
         self.output_type = output_type
 
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True  # densified (gdask.ml._base.densified)
+        return tags
+
+    @property
+    def _n_features_out(self) -> int:
+        """Number of transformed output features (one distance per center), for ``get_feature_names_out``."""
+        return self.cluster_centers_.shape[0]
+
     # -- validation ----------------------------------------------------------------------------
     def _check_params(self, n_samples: int, n_features: int) -> None:
         if not isinstance(self.n_clusters, numbers.Integral) or self.n_clusters < 1:
@@ -157,17 +168,22 @@ class KMeans(DeviceEstimatorMixin, ClusterMixin, TransformerMixin, BaseEstimator
 
     def _check_init_array(self, init: Any, n_features: int) -> None:
         shape = np.shape(init)
-        if shape != (self.n_clusters, n_features):
-            raise ValueError(
-                f"init array must have shape (n_clusters, n_features) = ({self.n_clusters}, {n_features}), got {shape}"
-            )
+        if len(shape) != 2:
+            raise ValueError(f"init array must be 2-D of shape (n_clusters, n_features) = ({self.n_clusters}, "
+                             f"{n_features}), got {shape}")
+        if shape[0] != self.n_clusters:  # scikit-learn's messages
+            raise ValueError(f"The shape of the initial centers {shape} does not match the number of clusters "
+                             f"{self.n_clusters}.")
+        if shape[1] != n_features:
+            raise ValueError(f"The shape of the initial centers {shape} does not match the number of features of "
+                             f"the data {n_features}.")
         if not np.isfinite(np.asarray(to_numpy(init), dtype=np.float64)).all():
             raise ValueError("init array contains NaN or infinity")
 
     def _prepare(self, X: Any, reset: bool) -> tuple[GDataSet, Input]:
         """(GDataSet, the adapted input); host input goes through scikit-learn's ``validate_data``
         (same errors, ``n_features_in_``, ``feature_names_in_``)."""
-        inp = self._input(X, reset=reset)
+        inp = self._input(densified(X), reset=reset)
         return inp.gdataset(), inp
 
     @staticmethod
@@ -219,7 +235,7 @@ class KMeans(DeviceEstimatorMixin, ClusterMixin, TransformerMixin, BaseEstimator
         with self._job():  # blocks made inside a job get the job's private keys
             return self._fit(X, sample_weight)
 
-    def _n_init(self) -> int:
+    def _count_inits(self) -> int:
         n_init = self.n_init
         if n_init == "auto":
             return 10 if (isinstance(self.init, str) and self.init == "random") or callable(self.init) else 1
@@ -227,15 +243,25 @@ class KMeans(DeviceEstimatorMixin, ClusterMixin, TransformerMixin, BaseEstimator
             import warnings
 
             warnings.warn(f"Explicit initial center position passed: performing only one init in KMeans instead "
-                          f"of n_init={n_init}.", RuntimeWarning, stacklevel=3)
+                          f"of n_init={n_init}.", RuntimeWarning, stacklevel=5)
             return 1
         return int(n_init)
+
+    def _n_init_checked(self, n_features: int) -> int:
+        """The number of inits (kept as ``_n_init``, as scikit-learn), and scikit-learn's warnings."""
+        import warnings
+
+        self._n_init = self._count_inits()
+        if self.n_clusters == 1 and self.algorithm == "elkan":
+            warnings.warn("algorithm='elkan' doesn't make sense for a single cluster. Using 'lloyd' instead.",
+                          RuntimeWarning, stacklevel=4)
+        return self._n_init
 
     def _fit(self, X: Any, sample_weight: Any) -> KMeans:
         G, inp = self._prepare(X, reset=True)
         n, d = G.shape
         self._check_params(n, d)
-        n_init = self._n_init()
+        n_init = self._n_init_checked(d)
         w = self._weights(sample_weight, G)
         if persisted_futures(G) is None:  # persisting again would cost a round trip
             G = G.persist()
@@ -252,10 +278,13 @@ class KMeans(DeviceEstimatorMixin, ClusterMixin, TransformerMixin, BaseEstimator
             if not inp.kind.host and isinstance(self.init, str):  # the init reads the data: check first
                 check_finite(G)
         lazy = inp.kind.lazy
+        # equal weights draw the init from the same distribution as none: draw it the same way (same seed,
+        # same centers: unit weights fit as no weights, as scikit-learn)
+        init_weights = (None, None) if w is not None and bool(np.all(w == w[0])) else (w, W)
         best = None
         for _ in range(n_init):
-            centers = self._init_centers(G, rng, w, W, original=X)
-            bounds = self.algorithm == "elkan" or (self.algorithm == "auto" and d >= 8)
+            centers = self._init_centers(G, rng, *init_weights, original=X)
+            bounds = self.n_clusters > 1 and (self.algorithm == "elkan" or (self.algorithm == "auto" and d >= 8))
             state = LoopState(centers, bounds, tol, np.dtype(G.dtype), n)
             algo = KMeansLoop(self.max_iter, weighted=W is not None, labels=not lazy)
             progress = Progress(self.verbose, self.callback, total=self.max_iter, desc="KMeans")
@@ -274,6 +303,8 @@ class KMeans(DeviceEstimatorMixin, ClusterMixin, TransformerMixin, BaseEstimator
         self.history_ = res.history
         self.cluster_centers_ = self._to_output(loop.centers, inp.kind, G)
         self.labels_ = self._lazy_labels(inp, G) if lazy else self._to_output(labels, inp.kind, G)
+        if labels is not None:
+            _warn_distinct(np.asarray(to_numpy(labels)), self.n_clusters)
         return self
 
     @staticmethod
@@ -326,6 +357,11 @@ class KMeans(DeviceEstimatorMixin, ClusterMixin, TransformerMixin, BaseEstimator
         X) for a GDataSet or dask input."""
         self._check_fitted()
         G, inp = self._prepare(X, reset=False)
+        # scikit-learn's dtype: float32 only when both X and the fitted centers are float32
+        dt = np.result_type(np.dtype(G.dtype), numpy_dtype(self.cluster_centers_.dtype))
+        if dt != np.dtype(G.dtype):
+            G = G.astype(dt)
+            inp = Input(inp.kind, G, inp.original)
         c = self._centers_for(G)
         if inp.kind.lazy:
             return self._blockwise(inp, distances_block, c, dtype=G.dtype, ncols=c.shape[0], name="kmeans-transform")
@@ -342,3 +378,15 @@ class KMeans(DeviceEstimatorMixin, ClusterMixin, TransformerMixin, BaseEstimator
         G, _ = self._prepare(X, reset=False)
         _, mind = self._assign(G, self._centers_for(G))
         return -kernels.weighted_total(mind, self._weights(sample_weight, G))
+
+
+def _warn_distinct(labels: np.ndarray, n_clusters: int) -> None:
+    """scikit-learn's ConvergenceWarning when fewer clusters than ``n_clusters`` hold rows (duplicate points)."""
+    distinct = int(np.unique(labels).size)
+    if distinct < n_clusters:
+        import warnings
+
+        from sklearn.exceptions import ConvergenceWarning
+
+        warnings.warn(f"Number of distinct clusters ({distinct}) found smaller than n_clusters ({n_clusters}). "
+                      "Possibly due to duplicate points in X.", ConvergenceWarning, stacklevel=4)

@@ -69,7 +69,10 @@ def initial_centers(est: Any, X: GDataSet, rng: np.random.Generator, w: np.ndarr
     others). ``original``: X as the caller gave it (what a callable ``init`` is called with)."""
     n, k = X.shape[0], est.n_clusters
     if callable(est.init):
-        centers = to_numpy(est.init(X if original is None else original, k, est.random_state))
+        # scikit-learn calls it with a RandomState (check_random_state's); one drawn from the fit's rng
+        rs = est.random_state if isinstance(est.random_state, np.random.RandomState) else \
+            np.random.RandomState(int(rng.integers(2**31)))
+        centers = to_numpy(est.init(X if original is None else original, k, rs))
         est._check_init_array(centers, X.shape[1])
         return np.asarray(centers, dtype=X.dtype).copy()
     if not isinstance(est.init, str):

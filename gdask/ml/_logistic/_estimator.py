@@ -17,6 +17,7 @@ from gdask.ml._base import (
     Input,
     NotFinite,
     check_finite,
+    densified,
     host_array,
     in_task_scope,
     input_kind,
@@ -38,6 +39,10 @@ from gdask.ml._logistic._targets import aligned, encode
 __all__ = ["LogisticRegression"]
 
 _SOLVERS = ("lbfgs", "gd")
+#: scikit-learn's solvers of the same problem (L2 or no penalty, unpenalised intercept, multinomial loss),
+#: accepted by name and solved by gdask's L-BFGS ("liblinear" is not: it penalises the intercept and fits
+#: one-vs-rest)
+_SAME_PROBLEM = ("newton-cg", "newton-cholesky", "sag", "saga")
 
 
 @shared_docs
@@ -77,7 +82,10 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
     tol : float, default 1e-4
         Stop when the largest absolute entry of the gradient is at most ``tol`` (lbfgs: scipy's
         ``gtol`` of the projected gradient, as scikit-learn).
-    solver : {"lbfgs", "gd"}, default "lbfgs"
+    solver : {"lbfgs", "gd", "newton-cg", "newton-cholesky", "sag", "saga"}, default "lbfgs"
+        scikit-learn's "newton-cg", "newton-cholesky", "sag" and "saga" solve the same problem (with
+        the penalties gdask supports): they are accepted and solved by gdask's "lbfgs"; "liblinear"
+        (which penalises the intercept) raises ValueError.
         "lbfgs": scipy's L-BFGS-B with scikit-learn's options (results match scikit-learn's lbfgs);
         with a Client and persisted data it runs on every worker at once over the all-gathered
         objective (no client round trip per evaluation), else from the client. "gd": full-batch gradient
@@ -148,7 +156,7 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.input_tags.sparse = False
+        tags.input_tags.sparse = True  # densified (gdask.ml._base.densified)
         return tags
 
     # -- validation ------------------------------------------------------------------------------
@@ -159,8 +167,9 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
             raise ValueError(f"max_iter must be a non-negative integer, got {self.max_iter!r}")
         if isinstance(self.tol, bool) or not isinstance(self.tol, numbers.Real) or not self.tol >= 0:
             raise ValueError(f"tol must be a non-negative float, got {self.tol!r}")
-        if self.solver not in _SOLVERS:
-            raise ValueError(f"solver must be one of {_SOLVERS} (the solvers gdask supports), got {self.solver!r}")
+        if self.solver not in _SOLVERS + _SAME_PROBLEM:
+            raise ValueError(f"solver must be one of {_SOLVERS + _SAME_PROBLEM} (the last four solved by gdask's "
+                             f"lbfgs), got {self.solver!r}")
         if self.penalty not in ("l2", None, "deprecated"):
             raise ValueError(f"penalty {self.penalty!r} is not supported; supported: 'l2' and None (no penalty)")
         if self.l1_ratio not in (None, 0, 0.0):
@@ -178,6 +187,8 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
         cw = self.class_weight
         if not (cw is None or cw == "balanced" or isinstance(cw, dict)):
             raise ValueError(f"class_weight must be None, 'balanced' or a dict, got {cw!r}")
+        if self.penalty is None and self.C != 1.0:  # scikit-learn's warning
+            warnings.warn("Setting penalty=None will ignore the C and l1_ratio parameters", UserWarning, stacklevel=3)
 
     def _labels(self, y: Any, G: GDataSet, W: GDataSet | None, w_host: np.ndarray | None
                 ) -> tuple[GDataSet, np.ndarray, np.ndarray]:
@@ -261,7 +272,7 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
             return self._fit(X, y, sample_weight)
 
     def _fit(self, X: Any, y: Any, sample_weight: Any) -> LogisticRegression:
-        inp, y = self._input_xy(X, y)
+        inp, y = self._input_xy(densified(X), y)
         G = inp.gdataset(block_rows=y.row_blocks if isinstance(y, GDataSet) else None)  # X follows a blocked y
         n, d = G.shape
         W, w_host = self._weights(sample_weight, G)
@@ -283,7 +294,8 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
             raise ValueError(f"the sample weights must have a positive sum, got {sw_sum}")
         layout = Layout(K, d, self.fit_intercept)
         C = np.inf if self.penalty is None else self.C
-        algo = LogisticLoop(layout, W is not None, class_w, sw_sum, C, self.solver, self.max_iter, self.tol,
+        solver = "lbfgs" if self.solver in _SAME_PROBLEM else self.solver
+        algo = LogisticLoop(layout, W is not None, class_w, sw_sum, C, solver, self.max_iter, self.tol,
                              GRAM_MAX_FEATURES)
         progress = Progress(self.verbose, self.callback, total=self.max_iter, desc="LogisticRegression")
         try:
@@ -292,8 +304,8 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
             check_finite(G)
             raise ValueError(f"{e}; scale the features down (e.g. StandardScaler)") from None
         if res.state.status != 0:
-            _convergence_warning(f"{self.solver} failed to converge after {res.iterations} iteration(s) "
-                                 f"(status={res.state.status}): {res.state.message}")
+            _convergence_warning(_not_converged(self.solver, res.iterations) + f" (status={res.state.status}): "
+                                 f"{res.state.message}")
         coef, intercept = layout.unpack(res.state.x)
         dtype = G.dtype
         self.coef_ = self._to_output(coef.astype(dtype), inp.kind, G)
@@ -326,7 +338,7 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
         else (n_samples, n_classes). NumPy (CuPy for CuPy input; see ``output_type``); for a GDataSet
         or dask input a lazy collection blocked like X."""
         self._check_fitted()
-        inp = self._input(X, reset=False)
+        inp = self._input(densified(X), reset=False)
         if inp.kind.lazy:
             return self._lazy(inp, decision_block, None)
         scores = self._scores(inp)
@@ -365,7 +377,7 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
         classes; see ``output_type``); for a GDataSet or dask input with numeric classes, a lazy
         collection blocked like X."""
         self._check_fitted()
-        inp = self._input(X, reset=False)
+        inp = self._input(densified(X), reset=False)
         if inp.kind.lazy and self.classes_.dtype.kind in "biuf":
             return self._lazy(inp, predict_block, self.classes_.dtype, self.classes_)
         scores = self._scores(inp)
@@ -379,7 +391,7 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
         NumPy (CuPy for CuPy input; see ``output_type``); for a GDataSet or dask input a lazy
         collection blocked like X."""
         self._check_fitted()
-        inp = self._input(X, reset=False)
+        inp = self._input(densified(X), reset=False)
         if inp.kind.lazy:
             return self._lazy(inp, proba_block, None)
         scores = self._scores(inp)
@@ -400,6 +412,18 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
 
         return float(accuracy_score(host_array(y), host_array(self.predict(X)),
                                     sample_weight=host_array(sample_weight)))
+
+
+def _not_converged(solver: str, iterations: int) -> str:
+    """The first line of the ConvergenceWarning, as scikit-learn words it for ``solver`` (the names solved by
+    gdask's lbfgs say so)."""
+    by = "" if solver in _SOLVERS else " (solved by gdask's lbfgs)"
+    if solver in ("sag", "saga"):
+        return f"The max_iter was reached which means the coef_ did not converge after {iterations} iteration(s){by}"
+    if solver == "newton-cholesky":
+        return f"Newton solver did not converge after {iterations} iterations{by}"
+    tail = ". Increase the number of iterations." if solver == "newton-cg" else ""
+    return f"{solver} failed to converge after {iterations} iteration(s){by}{tail}"
 
 
 def _convergence_warning(msg: str) -> None:
