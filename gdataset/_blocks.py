@@ -56,6 +56,32 @@ def on_device(arg: Any, dev: Any = None) -> Any:
 _on_device = on_device
 
 
+def _is_device_array(a: Any) -> bool:
+    return (hasattr(a, "shape") and not isinstance(a, (np.ndarray, np.generic))
+            and array_module(a) is not np)
+
+
+def user_task(func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """A user's task (``dask.delayed(f)(X.block(i), state)``) in a graph gdask rewrites (a tracked loop:
+    :func:`gdask.iterate`, :func:`gdask.incremental`): when a device array is among its arguments (a
+    block), its host arguments (NumPy arrays, NumPy scalars; also inside lists and tuples) move to this
+    process's device first (:func:`on_device`: once per task), so a function written for NumPy data
+    gets device arrays only, as it would on NumPy blocks. Without device arguments ``func`` runs as is
+    (host work stays on the host)."""
+    flat = [*args, *kwargs.values()]
+    flat += [v for a in flat if isinstance(a, (list, tuple)) for v in a]
+    if not any(_is_device_array(a) for a in flat):
+        return func(*args, **kwargs)
+    dev = current_device()
+
+    def move(a: Any) -> Any:
+        if isinstance(a, (list, tuple)) and not hasattr(a, "_fields"):
+            return type(a)(_on_device(v, dev) for v in a)
+        return _on_device(a, dev)
+
+    return func(*(move(a) for a in args), **{k: move(v) for k, v in kwargs.items()})
+
+
 def coalesce(x: Any, xp=None) -> Any:
     """The coalesced block layout: 2-D blocks are feature-major (Fortran order).
 
