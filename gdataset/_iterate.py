@@ -5,7 +5,11 @@ Step protocol
 ``step(data, state, ctx) -> new_state`` builds its graph from ``data`` (GDataSet operations, or
 tasks over ``data``'s blocks) and the state *references* ``ctx.refs`` (see
 :class:`IterationContext`), computes it (``.compute()`` / ``dask.compute``: the tracker rewrites the
-graph) and returns the new state as host arrays of the same structure.
+graph) and returns the new state, arrays of the same structure. The new state comes back in the array
+types of the initial one (config ``gdask.output-type``, "input": NumPy state stays NumPy when the step's
+tasks computed device arrays), and the tasks of a step that read device blocks get the state's host
+arrays on the block's device (``dask.delayed(f)(data.block(i), ctx.refs[i])``: ``f`` sees device arrays
+only; see :func:`gdask.gdataset._blocks.user_task`).
 
 * Per-block state (a list with one array per block of ``data``, i.e. ``len(state) ==
   data.nblocks``; force with ``per_block``): block ``i``'s change is the L1 norm of its update. A
@@ -166,7 +170,7 @@ def iterate(step: Callable[..., Any], state: Any, data: Any = None, *, max_iter:
     step : callable
         ``step(data, state, ctx)``.
     state : list of arrays, array, tuple or dict of arrays
-        Initial loop state (host data).
+        Initial loop state (NumPy, or CuPy); the state keeps these array types.
     data : GDataSet or object with ``nblocks``, optional
         Passed to ``step`` unchanged.
     max_iter : int
