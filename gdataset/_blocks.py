@@ -61,6 +61,14 @@ def _is_device_array(a: Any) -> bool:
             and array_module(a) is not np)
 
 
+def _on_device_nested(arg: Any, dev: Any) -> Any:
+    """:func:`on_device` of ``arg`` and of the items of tuples and lists in it (reduction partials such as
+    ``(count, mean, M2)``)."""
+    if isinstance(arg, (tuple, list)) and not hasattr(arg, "_fields"):
+        return type(arg)(_on_device_nested(v, dev) for v in arg)
+    return _on_device(arg, dev)
+
+
 def user_task(func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     """A user's task (``dask.delayed(f)(X.block(i), state)``) in a graph gdask rewrites (a tracked loop:
     :func:`gdask.iterate`, :func:`gdask.incremental`): when a device array is among its arguments (a
@@ -74,12 +82,8 @@ def user_task(func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         return func(*args, **kwargs)
     dev = current_device()
 
-    def move(a: Any) -> Any:
-        if isinstance(a, (list, tuple)) and not hasattr(a, "_fields"):
-            return type(a)(_on_device(v, dev) for v in a)
-        return _on_device(a, dev)
-
-    return func(*(move(a) for a in args), **{k: move(v) for k, v in kwargs.items()})
+    return func(*(_on_device_nested(a, dev) for a in args),
+                **{k: _on_device_nested(v, dev) for k, v in kwargs.items()})
 
 
 def coalesce(x: Any, xp=None) -> Any:
@@ -172,6 +176,8 @@ def combine_op(combine: Callable[[list], Any], *parts: Any, finalize: tuple | No
     """Combine reduction partials (one level of the reduction tree); at the root, also apply
     ``finalize = (func, args)`` to the combined value."""
     dev = current_device()
+    if dev.xp is not np:  # partials a window cache moved to host memory come back to the device
+        parts = tuple(_on_device_nested(p, dev) for p in parts)
     out = parts[0] if len(parts) == 1 else dev.run(combine, list(parts))
     if finalize is not None:
         func, args = finalize
