@@ -61,6 +61,18 @@ def _is_device_array(a: Any) -> bool:
             and array_module(a) is not np)
 
 
+def _leaves(x: Any) -> list:
+    return [v for item in x for v in _leaves(item)] if isinstance(x, (tuple, list)) else [x]
+
+
+def _mixed(parts: Any) -> bool:
+    """Whether ``parts`` hold both device arrays and host (NumPy) arrays; host-only partials (a chunk that
+    returns host data) stay on the host."""
+    leaves = [v for v in _leaves(parts) if hasattr(v, "shape")]
+    device = [_is_device_array(v) for v in leaves]
+    return any(device) and not all(device)
+
+
 def _on_device_nested(arg: Any, dev: Any) -> Any:
     """:func:`on_device` of ``arg`` and of the items of tuples and lists in it (reduction partials such as
     ``(count, mean, M2)``)."""
@@ -176,7 +188,7 @@ def combine_op(combine: Callable[[list], Any], *parts: Any, finalize: tuple | No
     """Combine reduction partials (one level of the reduction tree); at the root, also apply
     ``finalize = (func, args)`` to the combined value."""
     dev = current_device()
-    if dev.xp is not np:  # partials a window cache moved to host memory come back to the device
+    if dev.xp is not np and _mixed(parts):  # partials a window cache moved to host memory join the device ones
         parts = tuple(_on_device_nested(p, dev) for p in parts)
     out = parts[0] if len(parts) == 1 else dev.run(combine, list(parts))
     if finalize is not None:
