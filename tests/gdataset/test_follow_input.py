@@ -213,3 +213,14 @@ def test_user_tasks_get_host_arguments_on_the_blocks_device(backend):
     assert isinstance(host, np.ndarray)
     pair = _blocks.user_task(lambda bs, w: [b * w for b in bs], [blk, blk], np.float64(2.0))
     np.testing.assert_array_equal(gdask.to_numpy(pair[1]), np.full((3, 2), 2.0))
+
+
+def test_host_partials_join_device_partials_and_host_only_ones_stay_host(backend):
+    dev = gdask.devices.current_device()
+    d = dev.asarray(np.ones(3))
+    mixed = _blocks.combine_op(_blocks.sum_parts, d, np.ones(3))  # one partial came back from host memory
+    np.testing.assert_array_equal(gdask.to_numpy(mixed), np.full(3, 2.0))
+    host = _blocks.combine_op(_blocks.sum_parts, np.ones(3), np.ones(3))  # a chunk that returns host data
+    assert isinstance(host, np.ndarray)
+    moments = _blocks.combine_op(lambda ps: [sum(p[i] for p in ps) for i in range(2)], (d, d), (np.ones(3), 1))
+    np.testing.assert_array_equal(gdask.to_numpy(moments[0]), np.full(3, 2.0))
