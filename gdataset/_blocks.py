@@ -56,6 +56,48 @@ def on_device(arg: Any, dev: Any = None) -> Any:
 _on_device = on_device
 
 
+def _is_device_array(a: Any) -> bool:
+    return (hasattr(a, "shape") and not isinstance(a, (np.ndarray, np.generic))
+            and array_module(a) is not np)
+
+
+def _leaves(x: Any) -> list:
+    return [v for item in x for v in _leaves(item)] if isinstance(x, (tuple, list)) else [x]
+
+
+def _mixed(parts: Any) -> bool:
+    """Whether ``parts`` hold both device arrays and host (NumPy) arrays; host-only partials (a chunk that
+    returns host data) stay on the host."""
+    leaves = [v for v in _leaves(parts) if hasattr(v, "shape")]
+    device = [_is_device_array(v) for v in leaves]
+    return any(device) and not all(device)
+
+
+def _on_device_nested(arg: Any, dev: Any) -> Any:
+    """:func:`on_device` of ``arg`` and of the items of tuples and lists in it (reduction partials such as
+    ``(count, mean, M2)``)."""
+    if isinstance(arg, (tuple, list)) and not hasattr(arg, "_fields"):
+        return type(arg)(_on_device_nested(v, dev) for v in arg)
+    return _on_device(arg, dev)
+
+
+def user_task(func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """A user's task (``dask.delayed(f)(X.block(i), state)``) in a graph gdask rewrites (a tracked loop:
+    :func:`gdask.iterate`, :func:`gdask.incremental`): when a device array is among its arguments (a
+    block), its host arguments (NumPy arrays, NumPy scalars; also inside lists and tuples) move to this
+    process's device first (:func:`on_device`: once per task), so a function written for NumPy data
+    gets device arrays only, as it would on NumPy blocks. Without device arguments ``func`` runs as is
+    (host work stays on the host)."""
+    flat = [*args, *kwargs.values()]
+    flat += [v for a in flat if isinstance(a, (list, tuple)) for v in a]
+    if not any(_is_device_array(a) for a in flat):
+        return func(*args, **kwargs)
+    dev = current_device()
+
+    return func(*(_on_device_nested(a, dev) for a in args),
+                **{k: _on_device_nested(v, dev) for k, v in kwargs.items()})
+
+
 def coalesce(x: Any, xp=None) -> Any:
     """The coalesced block layout: 2-D blocks are feature-major (Fortran order).
 
@@ -146,13 +188,12 @@ def combine_op(combine: Callable[[list], Any], *parts: Any, finalize: tuple | No
     """Combine reduction partials (one level of the reduction tree); at the root, also apply
     ``finalize = (func, args)`` to the combined value."""
     dev = current_device()
-    # partials fetched from another worker, or moved to host memory by the window, arrive as host
-    # data: onto this device first, so that no combine mixes host and device arrays
-    parts = tuple(_on_device(p, dev) for p in parts)
+    if dev.xp is not np and _mixed(parts):  # partials a window cache moved to host memory join the device ones
+        parts = tuple(_on_device_nested(p, dev) for p in parts)
     out = parts[0] if len(parts) == 1 else dev.run(combine, list(parts))
     if finalize is not None:
         func, args = finalize
-        out = dev.run(func, out, *(_on_device(a, dev) for a in args))
+        out = dev.run(func, out, *args)
     return out
 
 

@@ -20,7 +20,7 @@ from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from dask.task_spec import Alias, DataNode, Task, TaskRef
 
 from gdask import protocol
-from gdask.gdataset import _blocks, _ops, _seq
+from gdask.gdataset import _blocks, _ops, _output, _seq
 from gdask.gdataset._repr import gdataset_html
 from gdask.gdataset.locality import block_places
 from gdask.scheduling import job_salt
@@ -180,7 +180,8 @@ class GDataSet(DaskMethodsMixin):
     __array_priority__ = 20
 
     def __init__(self, dsk: HighLevelGraph, name: str, row_blocks: Sequence[int], ncols: int | None,
-                 dtype: Any, backend: str = "numpy", columns: Sequence[str] | None = None) -> None:
+                 dtype: Any, backend: str = "numpy", columns: Sequence[str] | None = None,
+                 input_type: str = "numpy") -> None:
         if not isinstance(dsk, HighLevelGraph):
             dsk = HighLevelGraph.from_collections(name, dict(dsk), dependencies=())
         self.dask = dsk
@@ -190,6 +191,9 @@ class GDataSet(DaskMethodsMixin):
         self.dtype = np.dtype(dtype)
         self.backend = backend
         self.columns = None if columns is None else list(columns)
+        #: the array type this dataset was made from ("numpy", "cupy" or "device"): what ``compute()``
+        #: and reductions return under config ``gdask.output-type: input`` (see :mod:`gdask.gdataset._output`)
+        self.input_type = input_type
 
     # -- Dask collection protocol ---------------------------------------------------------------
     def __dask_graph__(self) -> HighLevelGraph:
@@ -208,7 +212,25 @@ class GDataSet(DaskMethodsMixin):
     __dask_scheduler__ = staticmethod(dask.threaded.get)
 
     def __dask_postcompute__(self):
-        return _blocks.concat_blocks, ()
+        return _output.join_blocks, (_output.output_type(self.input_type),)
+
+    def compute(self, output_type: str | None = None, **kwargs: Any) -> Any:
+        """The whole dataset as one array, its blocks joined along the rows (see ``dask.compute``).
+
+        Parameters
+        ----------
+        output_type : {"input", "numpy", "cupy", "device"}, optional
+            Array type of the result: "input" the type the dataset was made from (:attr:`input_type`:
+            NumPy for NumPy data, also on GPUs), "numpy", "cupy", or "device" (the devices' blocks as
+            they are). Default: config ``gdask.output-type`` ("input").
+        **kwargs
+            Passed to ``dask.compute`` (e.g. ``scheduler=``).
+        """
+        if output_type is None:
+            return super().compute(**kwargs)
+        _output.output_type(self.input_type, output_type)  # a bad value fails before any work
+        with dask.config.set({"gdask.output-type": output_type}):
+            return super().compute(**kwargs)
 
     def __dask_postpersist__(self):
         return self._rebuild, ()
@@ -224,7 +246,8 @@ class GDataSet(DaskMethodsMixin):
 
     def _rebuild(self, dsk, *, rename: dict | None = None) -> GDataSet:
         name = rename.get(self.name, self.name) if rename else self.name
-        out = GDataSet(dsk, name, self.row_blocks, self.ncols, self.dtype, self.backend, self.columns)
+        out = GDataSet(dsk, name, self.row_blocks, self.ncols, self.dtype, self.backend, self.columns,
+                       input_type=self.input_type)
         out._versions = self._versions
         return out
 
@@ -291,7 +314,8 @@ class GDataSet(DaskMethodsMixin):
                 else:
                     layer[key] = _as_task(node).substitute({}, key=key)
         graph = HighLevelGraph.from_collections(name, device_layer(layer, "update"), dependencies=[self])
-        out = GDataSet(graph, name, self.row_blocks, self.ncols, self.dtype, self.backend, self.columns)
+        out = GDataSet(graph, name, self.row_blocks, self.ncols, self.dtype, self.backend, self.columns,
+                       input_type=self.input_type)
         out._versions = tuple(versions)
         return out
 
@@ -607,7 +631,7 @@ def _elemwise(func: Callable, *args: Any, dtype: Any = None, ncols: Any = "infer
     for i in range(ref.nblocks):
         layer[(out, i)] = Task((out, i), _blocks.block_op, func, *ops.block_args(i), **kwargs)
     graph = HighLevelGraph.from_collections(out, device_layer(layer, "block"), dependencies=ops.deps)
-    return GDataSet(graph, out, ref.row_blocks, ncols, dtype, ref.backend)
+    return GDataSet(graph, out, ref.row_blocks, ncols, dtype, ref.backend, input_type=ref.input_type)
 
 
 def _tree_reduce(x: GDataSet, chunk, combine, args, kwargs, *, finalize=None, finalize_args=(),
@@ -677,13 +701,16 @@ def _reduction(x: GDataSet, chunk, combine, finalize, axis, dtype, name, *, fina
         finalize_args = (dtype,) + tuple(finalize_args)
     final, graph = _tree_reduce(x, chunk, combine, args, {}, finalize=finalize, finalize_args=finalize_args,
                                 name=name, extra=extra)
-    # expose the result as a one-chunk dask array under its own name
-    aname = f"{name}-result-{final.rsplit('-', 1)[-1]}"
+    # expose the result as a one-chunk dask array under its own name, in the output type (converted where
+    # it was computed: NumPy data gives a NumPy result, which block operations move back to the device)
+    target = _output.output_type(x.input_type)
+    aname = f"{name}-result-{target}-{final.rsplit('-', 1)[-1]}"
     akey = (aname,) + (0,) * len(shape)
-    layer = {akey: Task(akey, _ops.identity, TaskRef(final))}
+    layer = {akey: Task(akey, _output.to_output, TaskRef(final), target)}
     graph = HighLevelGraph.from_collections(aname, layer, dependencies=[_GraphHolder(final, graph)])
     chunks = tuple((s,) for s in shape)
-    return da.Array(graph, aname, chunks, meta=_meta_array(x.backend, (0,) * len(shape), dtype))
+    meta_backend = {"numpy": "numpy", "cupy": "cupy"}.get(target, x.backend)
+    return da.Array(graph, aname, chunks, meta=_meta_array(meta_backend, (0,) * len(shape), dtype))
 
 
 def _select_rows(x: Any, index: Any) -> Any:
@@ -705,7 +732,7 @@ def _select_rows(x: Any, index: Any) -> Any:
         layer[key] = Task(key, _blocks.block_op, _seq.take_rows, TaskRef((x.name, i)), local)
         sizes.append(int(local.size))
     graph = HighLevelGraph.from_collections(name, device_layer(layer, "block"), dependencies=[x])
-    return GDataSet(graph, name, sizes, x.ncols, x.dtype, x.backend, x.columns)
+    return GDataSet(graph, name, sizes, x.ncols, x.dtype, x.backend, x.columns, input_type=x.input_type)
 
 
 class _GraphHolder:

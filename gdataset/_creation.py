@@ -13,7 +13,7 @@ from dask.task_spec import Task, TaskRef
 
 from gdask import config
 from gdask.devices import discover, parse_size
-from gdask.gdataset import _blocks
+from gdask.gdataset import _blocks, _output
 from gdask.gdataset._core import GDataSet, device_layer
 from gdask.scheduling import job_salt
 
@@ -102,6 +102,7 @@ def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None
     4
     """
     mod = _array_module_name(x)
+    input_type = _output.array_type(x)
     if mod == "numpy":
         if hasattr(x, "dtypes") and hasattr(x, "columns"):
             return from_dataframe(x, block_rows=block_rows)
@@ -136,7 +137,7 @@ def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None
         layer[(name, i)] = Task((name, i), _blocks.to_device, x[start:start + r])
         start += r
     graph = HighLevelGraph.from_collections(name, device_layer(layer, "to_device"), dependencies=())
-    return GDataSet(graph, name, rows, x.shape[1:] or None, x.dtype, _device_backend(mod))
+    return GDataSet(graph, name, rows, x.shape[1:] or None, x.dtype, _device_backend(mod), input_type=input_type)
 
 
 def _is_sparse(x: Any) -> bool:
@@ -184,7 +185,7 @@ def from_dask_array(a: Any, block_rows: int | None = None) -> GDataSet:
         layer[(name, i)] = Task((name, i), _blocks.to_device, TaskRef(src))
     graph = HighLevelGraph.from_collections(name, device_layer(layer, "to_device"), dependencies=[a])
     backend = _device_backend(_array_module_name(a._meta))
-    return GDataSet(graph, name, rows, a.shape[1:] or None, a.dtype, backend)
+    return GDataSet(graph, name, rows, a.shape[1:] or None, a.dtype, backend, input_type=_output.array_type(a._meta))
 
 
 def _kind(t: Any) -> str:

@@ -5,7 +5,11 @@ Step protocol
 ``step(data, state, ctx) -> new_state`` builds its graph from ``data`` (GDataSet operations, or
 tasks over ``data``'s blocks) and the state *references* ``ctx.refs`` (see
 :class:`IterationContext`), computes it (``.compute()`` / ``dask.compute``: the tracker rewrites the
-graph) and returns the new state as host arrays of the same structure.
+graph) and returns the new state, arrays of the same structure. The new state comes back in the array
+types of the initial one (config ``gdask.output-type``, "input": NumPy state stays NumPy when the step's
+tasks computed device arrays), and the tasks of a step that read device blocks get the state's host
+arrays on the block's device (``dask.delayed(f)(data.block(i), ctx.refs[i])``: ``f`` sees device arrays
+only; see :func:`gdask.gdataset._blocks.user_task`).
 
 * Per-block state (a list with one array per block of ``data``, i.e. ``len(state) ==
   data.nblocks``; force with ``per_block``): block ``i``'s change is the L1 norm of its update. A
@@ -31,7 +35,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from gdask.devices import to_numpy
 from gdask.gdataset._channel import IterationChannel
+from gdask.gdataset._output import array_type, as_type, output_type
 from gdask.gdataset._progress import Progress
 from gdask.gdataset._tracker import GTracker
 from gdask.gdataset.engine import IterativeAlgorithm, run_loop
@@ -128,7 +134,19 @@ def _describe(state: Any) -> str:
 
 
 def _l1(a: Any, b: Any) -> float:
+    """L1 distance of two states' parts, on the host (explicit copies of device arrays: the state is small)."""
+    a, b = to_numpy(a), to_numpy(b)
     return float(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)).sum())
+
+
+def _like(new: Any, old: Any) -> Any:
+    """The step's ``new`` state in the array types of the ``old`` one (config ``gdask.output-type``:
+    "input" follows the initial state, so NumPy state stays NumPy when the step computed device arrays)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return {k: _like(v, old.get(k)) for k, v in new.items()}
+    if isinstance(old, (list, tuple)) and isinstance(new, (list, tuple)) and len(old) == len(new):
+        return type(new)(_like(n, o) for n, o in zip(new, old))
+    return as_type(new, output_type(array_type(old)))
 
 
 def _change(old: Any, new: Any) -> float:
@@ -152,7 +170,7 @@ def iterate(step: Callable[..., Any], state: Any, data: Any = None, *, max_iter:
     step : callable
         ``step(data, state, ctx)``.
     state : list of arrays, array, tuple or dict of arrays
-        Initial loop state (host data).
+        Initial loop state (NumPy, or CuPy); the state keeps these array types.
     data : GDataSet or object with ``nblocks``, optional
         Passed to ``step`` unchanged.
     max_iter : int
@@ -292,7 +310,7 @@ class _DeltaIteration(IterativeAlgorithm):
             refs = self._publish(state)
             ictx = IterationContext(ctx.iteration, refs, None if active is None else active.copy(), tracker,
                                     self.channel)
-            new = self.step(self.data, state, ictx)
+            new = _like(self.step(self.data, state, ictx), state)
             tol_now = float(self.tol_of(state))
             state, active, change = self._update(state, new, tol_now)
             converged = change <= tol_now

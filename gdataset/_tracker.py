@@ -35,6 +35,7 @@ from dask.utils import key_split, parse_bytes
 from distributed import default_client, get_client, wait
 
 from gdask import config, protocol
+from gdask.gdataset import _blocks
 from gdask.gdataset._cachepolicy import ReusePolicy
 from gdask.scheduling import ExecutionLogPlugin, ensure_plugins
 
@@ -152,6 +153,19 @@ def _cull_only(dsk, keys, **kwargs):
     if isinstance(dsk, HighLevelGraph):
         return dsk.cull(set(keys))
     return dask.optimization.cull(dict(dsk), keys)[0]
+
+
+def _user_tasks_on_devices(run: dict) -> dict:
+    """The graph to submit with every user task (a plain ``Task`` of a function outside gdask and Dask)
+    wrapped in :func:`gdask.gdataset._blocks.user_task`, which moves its host arguments to the device
+    when it reads device blocks. Applied after fingerprinting: reuse is unchanged."""
+    out = {}
+    for k, node in run.items():
+        top = (getattr(node.func, "__module__", None) or "").split(".")[0] if type(node) is Task else "dask"
+        if top not in ("gdask", "dask", "distributed"):
+            node = Task(node.key, _blocks.user_task, node.func, *node.args, **node.kwargs)
+        out[k] = node
+    return out
 
 
 def _materialize(expr: Any) -> dict:
@@ -308,7 +322,7 @@ class GTracker:
         for k, fp in reused.items():
             bytes_reused += self.policy.hit(fp, now).nbytes
         run_keys = list(run)
-        futures = self.client.get(run, run_keys, sync=False, **kwargs) if run else []
+        futures = self.client.get(_user_tasks_on_devices(run), run_keys, sync=False, **kwargs) if run else []
         by_key = dict(zip(run_keys, futures))
         out_set = set(flat)
         try:

@@ -1,7 +1,13 @@
-"""The notebooks run from top to bottom (nbclient) and show what they promise."""
+"""The notebooks run from top to bottom (nbclient) and show what they promise, on both emulated backends:
+NumPy blocks (``emulated``) and array-api-strict blocks (``emulated-strict``, which refuse NumPy operands
+and implicit conversion as CuPy arrays do: a notebook that passes there runs unchanged on GPUs). The
+strict kernel gets ``DASK_GDASK__BACKEND=emulated-strict`` and its ``backend='emulated'`` arguments become
+``backend='emulated-strict'``; both kernels run at once (they mostly wait on their clusters)."""
 
+import asyncio
 import importlib.util
 import os
+import re
 import time
 from pathlib import Path
 
@@ -79,18 +85,47 @@ def test_every_notebook_has_checks():
     assert sorted(CHECKS) == [p.name for p in NOTEBOOKS]
 
 
+#: the device backends every notebook runs on
+BACKENDS = ("emulated", "emulated-strict")
+
+
+def for_backend(nb, backend: str):
+    """The notebook ``nb`` with its explicit ``backend='emulated'`` arguments set to ``backend``."""
+    for c in nb.cells:
+        if c.cell_type == "code":
+            c.source = re.sub(r"""backend=(["'])emulated\1""", lambda m: f"backend={m.group(1)}{backend}{m.group(1)}",
+                              c.source)
+    return nb
+
+
+async def _execute(nb, backend: str, where: Path) -> float:
+    where.mkdir()
+    env = dict(os.environ)
+    if backend != "emulated":  # the emulated kernel keeps the default backend ("auto": emulated without a GPU)
+        env["DASK_GDASK__BACKEND"] = backend
+    t0 = time.perf_counter()
+    await nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+                                  resources={"metadata": {"path": str(where)}}).async_execute(env=env)
+    return time.perf_counter() - t0
+
+
+async def _execute_all(nbs: dict, tmp_path: Path) -> list:
+    return await asyncio.gather(*(_execute(nb, b, tmp_path / b) for b, nb in nbs.items()), return_exceptions=True)
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs(path, tmp_path):
-    nb = nbformat.read(path, as_version=4)
-    t0 = time.perf_counter()
-    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}},
-                            ).execute()
-    print(f"{path.name}: {time.perf_counter() - t0:.1f} s")
-    if os.environ.get("GDASK_NOTEBOOKS_OUT"):  # keep the executed notebook (to look at its outputs)
-        nbformat.write(nb, Path(os.environ["GDASK_NOTEBOOKS_OUT"]) / path.name)
-    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
-    assert not [o for o in outputs if o.get("output_type") == "error"]
-    CHECKS[path.name](nb)
+    nbs = {b: for_backend(nbformat.read(path, as_version=4), b) for b in BACKENDS}
+    results = asyncio.run(_execute_all(nbs, tmp_path))
+    failed = [f"{b}: {type(r).__name__}: {r}" for b, r in zip(nbs, results) if isinstance(r, BaseException)]
+    assert not failed, "\n".join(failed)
+    for (backend, nb), seconds in zip(nbs.items(), results):
+        print(f"{path.name} on {backend}: {seconds:.1f} s")
+        if os.environ.get("GDASK_NOTEBOOKS_OUT"):  # keep the executed notebook (to look at its outputs)
+            nbformat.write(nb, Path(os.environ["GDASK_NOTEBOOKS_OUT"]) / f"{backend}-{path.name}")
+        outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+        assert not [o for o in outputs if o.get("output_type") == "error"], backend
+        CHECKS[path.name](nb)
 
 
 # -- the progress of a fit lands in the cell that runs the fit, not in the cell that made the Client --

@@ -1,4 +1,9 @@
-"""Every ``python`` code block of README.md runs as written: as a script, in its own process, small sizes."""
+"""Every ``python`` code block of README.md runs as written: as a script, in its own process, small sizes,
+on both emulated backends: NumPy blocks (``emulated``, the laptop) and array-api-strict blocks
+(``emulated-strict``: they refuse NumPy operands and implicit conversion as CuPy arrays do, so a block that
+passes there runs unchanged on GPUs). The strict run gets ``DASK_GDASK__BACKEND=emulated-strict`` and
+``backend="emulated"`` arguments become ``backend="emulated-strict"``; the two runs go at once (they mostly
+wait on their clusters), so the second backend adds little to the suite's time."""
 
 import os
 import re
@@ -30,13 +35,46 @@ def test_the_readme_has_python_blocks():
     assert len(BLOCKS) >= 6
 
 
-@pytest.mark.parametrize("code", [c for _, c in BLOCKS], ids=[i for i, _ in BLOCKS])
-def test_readme_block_runs_as_a_script(code, tmp_path):
-    script = tmp_path / "block.py"
-    script.write_text(code)
+#: the device backends every block runs on
+BACKENDS = ("emulated", "emulated-strict")
+
+
+def for_backend(code: str, backend: str) -> str:
+    """``code`` with its explicit ``backend="emulated"`` arguments set to ``backend``."""
+    return re.sub(r"""backend=(["'])emulated\1""", lambda m: f"backend={m.group(1)}{backend}{m.group(1)}", code)
+
+
+def test_for_backend_rewrites_only_emulated_backend_arguments():
+    code = 'LocalGPUCluster(backend="emulated", n=2); f(backend=\'emulated\'); g(backend="cuda")'
+    assert for_backend(code, "emulated-strict") == (
+        'LocalGPUCluster(backend="emulated-strict", n=2); f(backend=\'emulated-strict\'); g(backend="cuda")')
+    assert for_backend(code, "emulated") == code
+
+
+def _start(code: str, backend: str, where: Path) -> subprocess.Popen:
+    where.mkdir()
+    script = where / "block.py"
+    script.write_text(for_backend(code, backend))
     env = {**os.environ, "GDASK_DOCS_SMALL": "1", "PYTHONWARNINGS": "ignore",
            "DASK_DISTRIBUTED__SCHEDULER__DASHBOARD_ADDRESS": ":0"}
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=240)
-    tail = (proc.stdout[-3000:] + "\n" + proc.stderr[-4000:]).strip()
-    assert proc.returncode == 0, tail
+    if backend != "emulated":  # the emulated run keeps the default backend ("auto": emulated without a GPU)
+        env["DASK_GDASK__BACKEND"] = backend
+    return subprocess.Popen([sys.executable, str(script)], cwd=where, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("code", [c for _, c in BLOCKS], ids=[i for i, _ in BLOCKS])
+def test_readme_block_runs_as_a_script(code, tmp_path):
+    procs = {b: _start(code, b, tmp_path / b) for b in BACKENDS}
+    failed = []
+    try:
+        for backend, proc in procs.items():
+            out, err = proc.communicate(timeout=300)
+            if proc.returncode != 0:
+                failed.append(f"--- on {backend} (exit {proc.returncode}):\n{out[-3000:]}\n{err[-4000:]}".strip())
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert not failed, "\n".join(failed)

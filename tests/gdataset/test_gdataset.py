@@ -35,10 +35,12 @@ def test_shape_and_blocks(data, backend):
     assert X.dtype == np.float32 and X.ndim == 2
     out = X.compute()
     np.testing.assert_array_equal(_np(out), _np(x))
-    if backend == "emulated-strict":  # the device's array type, which refuses implicit conversion
-        assert type(out).__module__.startswith("array_api_strict")
+    assert type(out) is type(x)  # results follow the input's array type
+    if backend == "emulated-strict":  # output_type="device": the device's array type, which refuses conversion
+        dev = X.compute(output_type="device")
+        assert type(dev).__module__.startswith("array_api_strict")
         with pytest.raises((RuntimeError, TypeError, ValueError)):
-            np.asarray(out)
+            np.asarray(dev)
 
 
 def test_blocks_are_feature_major(data, backend):
