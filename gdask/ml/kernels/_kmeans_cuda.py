@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from gdask.ml.kernels import _cuda_common as cuc
+from gdask.ml.kernels import _lloyd_cuda
 from gdask.ml.kernels._common import N_FARTHEST
 
 __all__ = ["assign", "first_pass_state", "fits", "lloyd_partial"]
@@ -460,6 +461,8 @@ def _stats_run(blk: Any, centers: Any, w: Any, stream: Any, bounds: bool) -> dic
     dt = blk.dtype
     cf = _centers(blk, centers)
     k = cf.shape[0]
+    if not bounds and _lloyd_cuda.fits(k, d, dt.itemsize):  # the kernel compiled for this size
+        return _lloyd_cuda.stats(blk, cf, w, stream)
     q = N_FARTHEST
     tpb = cuc.threads()
     grid = cuc.grid_for(n, tpb)
