@@ -331,16 +331,19 @@ def _rare(n: int, tpb: int, g: int, q: int = 8) -> float:
 def _logistic_rows(n: int, d: int) -> list[tuple]:
     import _frozen_logistic_cuda as fl
 
-    from gdask.ml.kernels import _logistic_cuda as lg
+    from gdask.ml.kernels import _cuda_common as cuc
+    from gdask.ml.kernels import _logreg_cuda as lr
 
     t, A = _types()
     f64, i64, i32, b, f32 = t.float64, t.int64, t.int32, t.boolean, t.float32
     common = {"n": n, "d": d, "k": 1, "dtype": "float32", "itemsize": 4, "bytes_per_row": 4 * d + 4,
               "flops_per_row": 4 * d}
-    rows = []
-    if hasattr(lg, "binary_spec"):
-        name, pyfunc, sig, spec = lg.binary_spec(d)
-        rows.append(("logistic_grad", pyfunc, sig, {**common, **spec, "name": name}, False))
+    tpb = lr._threads()
+    kern = cuc.kernel("logistic-binary", "float32", (d, tpb, lr.SEG, False, False))
+    sig = (A(f32, 2), A(i32), A(f32), A(f32), A(f64), A(f64), A(f64), A(f64))
+    spec = {**common, "name": "logistic-binary", "mode": "tile", "hot": "for tt in range(", "rows": 32, "tpb": tpb,
+            "dynamic_smem": 0, "trips": {"for j in range(D)": d, "for j in range(D1)": d + 1}}
+    rows = [("logistic_grad", kern.py_func, sig, spec, False)]
     fl.cuc.numba_cuda()
     old = fl.cuc.kernel("logistic", "float32")
     sig = (A(f32, 2), A(i32), A(f32), A(f32), A(f64), A(f64), A(f64), A(f64), b, b, b, b, i64)
