@@ -30,9 +30,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import _frozen_cuda_common as cuc
 import numpy as np
 
-import _frozen_cuda_common as cuc
 from gdask.ml.kernels._common import N_FARTHEST
 
 __all__ = ["assign", "first_pass_state", "fits", "lloyd_partial"]

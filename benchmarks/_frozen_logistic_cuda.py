@@ -18,9 +18,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
-
 import _frozen_cuda_common as cuc
+import numpy as np
 
 __all__ = ["fits", "loss_grad"]
 

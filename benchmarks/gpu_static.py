@@ -41,8 +41,10 @@ the half-rate FP64 pipe, caches (the block is read once, nothing assumed cached)
 barrier stalls, the tail of the grid and launch overhead (microseconds), and the host side.
 
 usage: python benchmarks/gpu_static.py [--json out.json] [--all] [--check]
-  --all    also compile every other kernel of gdask (both dtypes) for sm_90 (CI's compile check)
-  --check  exit 1 unless the issue's targets hold (>= 70% rewritten, <= 30% baseline, no spills)
+  --all      also compile every other kernel of gdask (both dtypes) for sm_90 (CI's compile check)
+  --check    exit 1 unless the issue's targets hold (>= 70% rewritten, <= 30% baseline, no spills)
+  --measure  on a GPU, time the same kernels and print the measured fraction beside the predicted one
+             (gpu_check.sh, with --predicted benchmarks/gpu_static.json: the committed predictions)
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ LSU_RATE = SMS * CLOCK  # shared/global load-store warp instructions per second 
 REGS_SM, WARPS_SM, BLOCKS_SM, SMEM_SM, SMEM_RESERVED = 65536, 64, 32, 233472, 1024
 
 TARGET, BASELINE_MAX = 0.70, 0.30
+_REAL_DEVICE: list = []  # numba's get_current_device, while compiling without a GPU
 LINEINFO = True
 
 
@@ -104,7 +107,9 @@ def _numba_cuda():
         raise SystemExit("gpu_static: numba.cuda is numba's built-in target; pip install 'numba-cuda[cu12]'")
     import numba.cuda.dispatcher as nd
 
-    # device functions ask the current device for its compute capability: there is none here
+    # device functions ask the current device for its compute capability: there is none here (put
+    # back by measure(), which runs on a real one)
+    _REAL_DEVICE.append(_REAL_DEVICE[0] if _REAL_DEVICE else nd.get_current_device)
     nd.get_current_device = lambda: types.SimpleNamespace(compute_capability=(9, 0))
     return cuda
 
@@ -381,6 +386,63 @@ def compile_all(work: Path) -> int:
     return done
 
 
+# -- measuring on a GPU (benchmarks/gpu_check.sh) -------------------------------------------------------
+def _calls(n: int, d: int, ks: list[int]) -> list[tuple]:
+    """(kernel, variant, k, bytes, flops, call) for each modelled kernel, on device data of ``n`` rows."""
+    import _frozen_kmeans_cuda as fk
+    import _frozen_logistic_cuda as fl
+    import cupy
+    import numpy as np
+
+    from gdask.ml.kernels import _kmeans_cuda, _logistic_cuda
+
+    rng = cupy.random.default_rng(0)
+    X = rng.standard_normal((d, n), dtype=np.float32).T  # feature-major, as gdask's blocks
+    y = (rng.random(n) < 0.5).astype(np.int32)
+    coef, b = np.random.default_rng(1).standard_normal((1, d)) / d, np.zeros(1)
+    out = []
+    for k in ks:
+        C = np.random.default_rng(k).standard_normal((k, d))
+        out.append(("kmeans_pass", "lloyd-pass", k, 4 * d, 2 * k * d + d, lambda C=C: _kmeans_cuda.lloyd_partial(X, C)))
+        out.append(("kmeans_pass", "lloyd-stats (frozen)", k, 4 * d, 2 * k * d + d,
+                    lambda C=C: fk.lloyd_partial(X, C)))
+    out.append(("logistic_grad", "logistic-binary", 1, 4 * d + 4, 4 * d,
+                lambda: _logistic_cuda.loss_grad(X, y, coef, b)))
+    out.append(("logistic_grad", "logistic (frozen)", 1, 4 * d + 4, 4 * d, lambda: fl.loss_grad(X, y, coef, b)))
+    return out
+
+
+def measure(n: int, d: int, ks: list[int], predicted: list[dict]) -> list[dict]:
+    """Time each modelled kernel on the GPU (best of 3 after a warm-up, CUDA events around the block
+    function, which includes adding the partials) and print the measured fraction of the roofline
+    beside the predicted one."""
+    import cupy
+    import numba.cuda.dispatcher as nd
+
+    if _REAL_DEVICE:
+        nd.get_current_device = _REAL_DEVICE[0]
+    rows = []
+    for kernel, variant, k, bpr, fpr, call in _calls(n, d, ks):
+        call()
+        best = float("inf")
+        for _ in range(3):
+            e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
+            e0.record()
+            call()
+            e1.record()
+            e1.synchronize()
+            best = min(best, cupy.cuda.get_elapsed_time(e0, e1) / 1e3)
+        attainable = max(n * bpr / HBM_BW, n * fpr / FP32_PEAK)
+        pred = next((p for p in predicted if p.get("variant") == variant and p["shape"]["k"] == k), {})
+        rows.append({"kernel": kernel, "variant": variant, "shape": {"n": n, "d": d, "k": k, "dtype": "float32"},
+                     "measured_s": best, "measured_fraction": round(attainable / best, 4),
+                     "predicted_s": pred.get("predicted_s"), "predicted_fraction": pred.get("predicted_fraction")})
+        pf = pred.get("predicted_fraction")
+        print(f"{kernel:14s} {variant:22s} k={k:3d}: measured {1e3 * best:8.2f} ms, {attainable / best:5.0%} of the "
+              f"roofline; predicted {'n/a' if pf is None else f'{pf:.0%}'}", flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", help="write the rows to this file")
@@ -389,10 +451,42 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clusters", default="8,16")
     ap.add_argument("--all", action="store_true", help="also compile every other kernel for sm_90")
     ap.add_argument("--check", action="store_true", help="exit 1 unless the issue's targets hold")
+    ap.add_argument("--measure", action="store_true", help="on a GPU: also time the kernels (gpu_check.sh)")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan and exit (gpu_check.sh --dry-run)")
+    ap.add_argument("--predicted", help="with --measure: take the predictions from this --json output (the "
+                    "committed benchmarks/gpu_static.json) instead of compiling (minutes)")
     a = ap.parse_args(argv)
-    _numba_cuda()
+    ks = [int(k) for k in a.clusters.split(",")]
+    if a.dry_run:
+        print(f"gpu_static: would compile for sm_90 and model K-means (k={ks}) and logistic passes at n={a.rows}, "
+              f"d={a.features}{', then time them on the GPU' if a.measure else ''}")
+        return 0
+    if a.measure and a.predicted:
+        meas = measure(a.rows, a.features, ks, json.loads(Path(a.predicted).read_text()))
+        if a.json:
+            Path(a.json).write_text(json.dumps({"measured": meas}, indent=1))
+        return 0
+    try:
+        _tool("ptxas"), _tool("nvdisasm")
+        _numba_cuda()
+    except SystemExit as e:
+        if not a.measure:
+            raise
+        print(f"{e}: measuring without predictions")
+        out = []
+    else:
+        out = _model(a, ks)
+    if a.measure:
+        meas = measure(a.rows, a.features, ks, out)
+        if a.json:
+            Path(a.json).write_text(json.dumps({"predicted": out, "measured": meas}, indent=1))
+        return 0
+    return _report(a, out)
+
+
+def _model(a: argparse.Namespace, ks: list[int]) -> list[dict]:
     work = Path(tempfile.mkdtemp(prefix="gpu-static-"))
-    todo = _kmeans_rows(a.rows, a.features, [int(k) for k in a.clusters.split(",")])
+    todo = _kmeans_rows(a.rows, a.features, ks)
     todo += _logistic_rows(a.rows, a.features)
     out = []
     for i, (kernel, pyfunc, sig, spec, baseline) in enumerate(todo):
@@ -402,6 +496,11 @@ def main(argv: list[str] | None = None) -> int:
             row["shape"]["d"] = spec["shape_d"]
         row["variant"] = spec["name"]
         out.append(row)
+    return out
+
+
+def _report(a: argparse.Namespace, out: list[dict]) -> int:
+    work = Path(tempfile.mkdtemp(prefix="gpu-static-"))
     hdr = f"{'kernel':14s} {'variant':22s} {'n':>10s} {'d':>3s} {'k':>3s} {'regs':>4s} {'spill':>5s} " \
           f"{'local':>5s} {'smem':>6s} {'occ':>5s} {'sass/row':>8s} {'mem ms':>7s} {'issue ms':>8s} " \
           f"{'lsu ms':>7s} {'pred ms':>8s} frac"
