@@ -490,7 +490,7 @@ def test_sized_kmeans_pass_same_bits_for_any_grid(dtype, weighted, monkeypatch):
     from gdask.ml.kernels import _lloyd_cuda as llc
 
     monkeypatch.setattr(llc, "SEG", 64)  # several segments on a small block
-    X, C = _blobs(n=333, d=6, k=5, dtype=dtype, seed=50, spread=1.5)
+    X, C = _blobs(n=333, d=6, k=5, dtype=dtype, seed=50, spread=1.0)
     _assert_clear(X, C)
     w = np.random.default_rng(51).uniform(0.1, 3.0, len(X)) if weighted else None
     assert llc.fits(5, 6, np.dtype(dtype).itemsize)
