@@ -151,7 +151,7 @@ fi
 step info 20 "$py" -c "import json, sys, gdask._info as i; d = i.info(); print(i.format_info(d)); \
 json.dump(d, open(sys.argv[1], 'w'), indent=1, default=str)" "$work/info.json"
 step gpu-tests 125 "$py" -m pytest "${tests[@]}" -q -p no:cacheprovider --junitxml="$work/gpu-tests.xml"
-step roofline 140 "$py" benchmarks/gpu_roofline.py --backend "$backend" "${roofline[@]}" --json "$work/roofline.json"
+step roofline 130 "$py" benchmarks/gpu_roofline.py --backend "$backend" "${roofline[@]}" --json "$work/roofline.json"
 step static-model 40 "$py" benchmarks/gpu_static.py "${static_model[@]}" --json "$work/static-model.json"
 step window 45 "$py" benchmarks/window.py --backend "$backend" "${window[@]}" --json "$work/window.json"
 step load-balance 55 "$py" benchmarks/load_balance.py --backend "$backend" "${load_balance[@]}" \
