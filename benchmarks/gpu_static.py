@@ -278,7 +278,8 @@ def model_row(name: str, c: Compiled, spec: dict, baseline: bool) -> dict:
             "threads": spec["tpb"], "occupancy": round(occupancy(c.registers, spec["tpb"], smem), 4),
             "sass_per_row": round(instr * 32, 1), "memory_s": t_mem, "flop_s": t_flop, "issue_s": t_issue,
             "lsu_s": n * mem / LSU_RATE, "predicted_s": predicted,
-            "predicted_fraction": round(attainable / predicted, 4), "baseline": baseline}
+            "predicted_fraction": round(attainable / predicted, 4), "baseline": baseline,
+            "counted": "the hot loop" if spec["mode"] == "tile" else "the inner loop only (an upper bound)"}
 
 
 # -- what is modelled --------------------------------------------------------------------------------
