@@ -16,6 +16,9 @@
 #                 kernels in the CUDA simulator;
 #   roofline      K-means 100M x 32 float32, K=64, one block and fits on 1, 2 and 4 logical devices of the
 #                 GPU: the fraction of the HBM roofline (benchmarks/gpu_roofline.py);
+#   static-model  the K-means (K=8, 16) and logistic passes, 20M x 32 float32, rewritten and frozen kernels:
+#                 the measured fraction of the roofline beside the one benchmarks/gpu_static.py predicts
+#                 (its committed output, benchmarks/gpu_static.json, at 100M rows); a dry run prints the plan;
 #   window        the window benchmark (benchmarks/window.py --quick);
 #   load-balance  the load-balance benchmark (benchmarks/load_balance.py).
 # To add a step: one `step NAME CAP COMMAND...` line below (sizes in the two blocks of settings), and, if
@@ -57,6 +60,7 @@ if [[ $mode == gpu ]]; then
   unset NUMBA_ENABLE_CUDASIM                # the kernels on the GPU, not in the simulator
   tests=(-m "gpu or cudasim")
   roofline=(--rows 100000000 --features 32 --clusters 64 --iterations 5 --logical 1,2,4)
+  static_model=(--measure --predicted benchmarks/gpu_static.json --rows 20000000 --features 32 --clusters 8,16)
   window=(--quick)
   load_balance=(--iterations 4)
 else
@@ -65,6 +69,7 @@ else
   export NUMBA_ENABLE_CUDASIM=1 DASK_GDASK__BACKEND=emulated
   tests=(-m "gpu or cudasim" tests/ml/test_cuda_kernels.py)
   roofline=(--rows 400000 --features 8 --clusters 8 --iterations 3 --logical 1,2 --kernel-rows 100000)
+  static_model=(--measure --dry-run)
   window=(--quick)
   load_balance=(--rows 160000 --block-rows 20000 --iterations 2 --row-cost 1e-6)
   if [[ $tiny == 1 ]]; then
@@ -146,7 +151,8 @@ fi
 step info 20 "$py" -c "import json, sys, gdask._info as i; d = i.info(); print(i.format_info(d)); \
 json.dump(d, open(sys.argv[1], 'w'), indent=1, default=str)" "$work/info.json"
 step gpu-tests 125 "$py" -m pytest "${tests[@]}" -q -p no:cacheprovider --junitxml="$work/gpu-tests.xml"
-step roofline 170 "$py" benchmarks/gpu_roofline.py --backend "$backend" "${roofline[@]}" --json "$work/roofline.json"
+step roofline 130 "$py" benchmarks/gpu_roofline.py --backend "$backend" "${roofline[@]}" --json "$work/roofline.json"
+step static-model 40 "$py" benchmarks/gpu_static.py "${static_model[@]}" --json "$work/static-model.json"
 step window 45 "$py" benchmarks/window.py --backend "$backend" "${window[@]}" --json "$work/window.json"
 step load-balance 55 "$py" benchmarks/load_balance.py --backend "$backend" "${load_balance[@]}" \
   --json "$work/load-balance.json"
@@ -165,6 +171,10 @@ roof = r["steps"].get("roofline", {}).get("result", {})
 if "kernel" in roof:
     print(f"  kernel pass: {roof['kernel']['bytes_per_second'] / 1e9:.0f} GB/s, roofline fraction "
           f"{roof['kernel']['roofline_fraction']}")
+for m in r["steps"].get("static-model", {}).get("result", {}).get("measured", []):
+    pf = m["predicted_fraction"]
+    print(f"  {m['variant']} k={m['shape']['k']}: measured {m['measured_fraction']:.0%} of the roofline, predicted "
+          f"{'n/a' if pf is None else f'{pf:.0%}'}")
 for fit in roof.get("fits", []):
     print(f"  fit on {fit['logical_devices']} logical device(s): {fit['seconds_per_pass'] * 1e3:.1f} ms per pass, "
           f"roofline fraction {fit['roofline_fraction']}")

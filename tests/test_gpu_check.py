@@ -20,7 +20,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
-STEPS = ["info", "gpu-tests", "roofline", "window", "load-balance"]
+STEPS = ["info", "gpu-tests", "roofline", "static-model", "window", "load-balance"]
 needs_bash = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
                                 reason="needs bash and timeout")
 
@@ -50,6 +50,14 @@ def test_gpu_check_names_scripts_and_flags_that_exist():
             for flag in re.findall(r"(--[a-z][a-z-]*)", body):
                 assert f'"{flag}"' in source, f"{script} has no option {flag}"
         assert '"--backend"' in source and '"--json"' in source
+    # the static model's step (issue #24): its flags exist, the GPU run measures beside the committed predictions
+    assert 'benchmarks/gpu_static.py "${static_model[@]}"' in text
+    source = (ROOT / "benchmarks" / "gpu_static.py").read_text()
+    for body in settings["static_model"]:
+        for flag in re.findall(r"(--[a-z][a-z-]*)", body):
+            assert f'"{flag}"' in source, f"gpu_static.py has no option {flag}"
+    assert "--predicted benchmarks/gpu_static.json" in settings["static_model"][0]
+    assert (ROOT / "benchmarks" / "gpu_static.json").exists()
     gpu = settings["roofline"][0]  # the GPU run: the issue's sizes
     assert "--rows 100000000 --features 32 --clusters 64" in gpu and "--logical 1,2,4" in gpu
     assert settings["tests"][0] == '-m "gpu or cudasim"'

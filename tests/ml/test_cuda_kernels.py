@@ -479,6 +479,63 @@ def test_kernels_give_the_same_bits_twice(monkeypatch):
     assert [_bits(v) for v in grads[0]] == [_bits(v) for v in grads[1]]
 
 
+# -- the kernels compiled per size (issue #24) --------------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_sized_kmeans_pass_same_bits_for_any_grid(dtype, weighted, monkeypatch):
+    """The per-size K-means pass adds its partials per segment of SEG rows whatever the grid: 1, 2 or 4
+    thread blocks give the same bits; its counts (unweighted) and farthest rows are exactly the
+    array API reference's, its sums and inertia within rounding."""
+    from gdask.ml.kernels import _kmeans_xp
+    from gdask.ml.kernels import _lloyd_cuda as llc
+
+    monkeypatch.setattr(llc, "SEG", 64)  # several segments on a small block
+    X, C = _blobs(n=333, d=6, k=5, dtype=dtype, seed=50, spread=1.0)
+    _assert_clear(X, C)
+    w = np.random.default_rng(51).uniform(0.1, 3.0, len(X)) if weighted else None
+    assert llc.fits(5, 6, np.dtype(dtype).itemsize)
+    runs = []
+    for blocks in (1, 2, 4):
+        monkeypatch.setattr(cuc, "SIM_MAX_BLOCKS", blocks)
+        runs.append(kmc.lloyd_partial(dev(X), C, None if w is None else dev(w)))
+    for key in ("sums", "counts", "far_d", "far_rows", "far_label"):
+        assert _bits(runs[0][key]) == _bits(runs[1][key]) == _bits(runs[2][key]), key
+    assert _bits(runs[0]["inertia"]) == _bits(runs[1]["inertia"]) == _bits(runs[2]["inertia"])
+    ref = _kmeans_xp.lloyd_partial(X, C, w)
+    _assert_lloyd_equal(runs[0], {key: host(v) if hasattr(v, "shape") else v for key, v in ref.items()}, dtype)
+    if not weighted:
+        assert _bits(runs[0]["counts"]) == _bits(np.asarray(ref["counts"], np.float64))
+
+
+def test_sized_kmeans_pass_nan_row_and_duplicate_centers(monkeypatch):
+    """Ties keep the lower center (duplicate centers), a NaN row goes to cluster 0, as on the CPU."""
+    X, C = _blobs(n=70, d=4, k=3, dtype=np.float32, seed=52)
+    C = np.vstack([C, C[1:2]])  # center 3 duplicates center 1: it gets no row
+    X = X.copy()
+    X[5] = np.nan
+    g = kmc.lloyd_partial(dev(X), C)
+    c = kernels.lloyd_partial(X, C)
+    assert g["counts"][3] == 0.0
+    np.testing.assert_array_equal(g["counts"], c["counts"])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sized_logistic_same_bits_for_any_grid(dtype, monkeypatch):
+    from gdask.ml.kernels import _logreg_cuda
+
+    monkeypatch.setattr(_logreg_cuda, "SEG", 64)
+    X, y, coef, b = _logistic_data(301, 7, 1, dtype, seed=53)
+    w = np.random.default_rng(54).uniform(0.1, 3.0, len(X))
+    cw = np.array([0.7, 1.9])
+    assert _logreg_cuda.fits(1, 7, np.dtype(dtype).itemsize)
+    runs = []
+    for blocks in (1, 3, 4):
+        monkeypatch.setattr(cuc, "SIM_MAX_BLOCKS", blocks)
+        runs.append(lgc.loss_grad(dev(X), dev(y), coef, b, dev(w), cw))
+    assert [_bits(v) for v in runs[0]] == [_bits(v) for v in runs[1]] == [_bits(v) for v in runs[2]]
+    _assert_loss_grad_equal(runs[0], kernels.loss_grad(X, y, coef, b, w, cw), dtype)
+
+
 # -- packaging ---------------------------------------------------------------------------------------
 def test_kernels_compile_once_per_dtype():
     X, C = _blobs(n=40, d=2, k=2, seed=30)

@@ -177,16 +177,17 @@ def register(name: str, factory: Callable[[np.dtype], Any]) -> None:
     FACTORIES[name] = factory
 
 
-def kernel(name: str, dtype: Any) -> Any:
-    """Kernel ``name`` compiled for blocks of ``dtype`` (once per process)."""
-    key = (name, np.dtype(dtype).name)
+def kernel(name: str, dtype: Any, spec: tuple = ()) -> Any:
+    """Kernel ``name`` compiled for blocks of ``dtype`` (once per process), specialised on the
+    compile-time constants ``spec`` (sizes, flags: ``factory(dtype, *spec)``) when given."""
+    key = (name, np.dtype(dtype).name, *spec) if spec else (name, np.dtype(dtype).name)
     with _lock:
         kern = KERNELS.get(key)
         if kern is None:
             factory = FACTORIES[name]
             # the factory's kernels name ``cuda`` as a global of their module: bind it there
             importlib.import_module(factory.__module__).cuda = numba_cuda()
-            kern = KERNELS[key] = factory(np.dtype(dtype))
+            kern = KERNELS[key] = factory(np.dtype(dtype), *spec)
     return kern
 
 

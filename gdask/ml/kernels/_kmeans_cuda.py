@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from gdask.ml.kernels import _cuda_common as cuc
+from gdask.ml.kernels import _lloyd_cuda
 from gdask.ml.kernels._common import N_FARTHEST
 
 __all__ = ["assign", "first_pass_state", "fits", "lloyd_partial"]
@@ -460,6 +461,8 @@ def _stats_run(blk: Any, centers: Any, w: Any, stream: Any, bounds: bool) -> dic
     dt = blk.dtype
     cf = _centers(blk, centers)
     k = cf.shape[0]
+    if not bounds and _lloyd_cuda.fits(k, d, dt.itemsize):  # the kernel compiled for this size
+        return _lloyd_cuda.stats(blk, cf, w, stream)
     q = N_FARTHEST
     tpb = cuc.threads()
     grid = cuc.grid_for(n, tpb)
@@ -501,7 +504,7 @@ def _stats_run(blk: Any, centers: Any, w: Any, stream: Any, bounds: bool) -> dic
 def _select_far(fd: np.ndarray, fi: np.ndarray, fl: np.ndarray, q: int) -> tuple[np.ndarray, np.ndarray,
                                                                                    np.ndarray]:
     """The ``q`` farthest of the thread blocks' candidates (larger distance first, then lower row):
-    a partition, not a sort, of ``grid * N_FARTHEST`` values."""
+    a partition of ``grid * N_FARTHEST`` values, then a sort of the ``q`` kept."""
     keep = fi >= 0
     fd, fi, fl = fd[keep], fi[keep], fl[keep].astype(np.int64)
     if fd.size > q:
@@ -510,7 +513,8 @@ def _select_far(fd: np.ndarray, fi: np.ndarray, fl: np.ndarray, q: int) -> tuple
         tied = np.flatnonzero(fd == t)
         sel = np.concatenate([above, tied[np.argsort(fi[tied], kind="stable")][:q - above.size]])
         fd, fi, fl = fd[sel], fi[sel], fl[sel]
-    return fd, fi, fl
+    order = np.lexsort((fi, -fd))  # farther first, then the lower row: the same order whatever the grid
+    return fd[order], fi[order], fl[order]
 
 
 def lloyd_partial(blk: Any, centers: Any, w: Any = None, *, stream: Any = None) -> dict[str, Any]:

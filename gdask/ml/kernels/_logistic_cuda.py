@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from gdask.ml.kernels import _cuda_common as cuc
+from gdask.ml.kernels import _logreg_cuda
 
 __all__ = ["fits", "loss_grad"]
 
@@ -182,6 +183,8 @@ def loss_grad(X: Any, y: Any, coef: Any, intercept: Any, w: Any = None, class_w:
     if tuple(y.shape) != (n,) or np.dtype(y.dtype).kind not in "iu":
         raise cuc.CudaKernelError(f"y must be ({n},) integer class codes (encode_labels), got {tuple(y.shape)} "
                                   f"{y.dtype}")
+    if _logreg_cuda.fits(kc, d, dt.itemsize):  # binary: the kernel compiled for this size
+        return _logreg_cuda.loss_grad_binary(xp, X, y, c, b, w, class_w, stream)
     tpb = cuc.threads()
     while 8 * tpb * (kc + 1) > cuc.SHARED_BUDGET and tpb > 32:
         tpb //= 2
