@@ -405,7 +405,8 @@ def _pagerank(A: Any, *, damping: float, tol: float, max_iter: int, nblocks: int
     r = y / y.sum()
     if return_info:
         return r, {"n_iter": res.n_iter, "converged": res.converged, "history": res.history,
-                   "nblocks": G.nblocks, "block_tasks": G.nblocks * G.nblocks, "method": method, "order": order}
+                   "nblocks": G.nblocks, "block_tasks": G.nblocks * G.nblocks, "method": method, "order": order,
+                   "loop": "graph"}
     return r
 
 

@@ -117,7 +117,8 @@ def _rank_sweeps(comm: Any, blocks: list, out: np.ndarray, bounds: np.ndarray, d
                     scale_block(y, inv, x, xprev, bounds[b], bounds[b + 1])
         it += 1
         change, total = sum(changes.tolist()), sum(totals.tolist())  # block order: the same on every rank
-        history.append({"iteration": it, "seconds": time.perf_counter() - t0, "change": change})
+        history.append({"iteration": it, "seconds": time.perf_counter() - t0, "change": change,
+                        "active_blocks": int((changes > 0).sum())})
         if change <= tol * total:
             converged = True
             break
@@ -158,6 +159,11 @@ def run_sweeps(client: Any, P: Prepared, *, damping: float, tol: float, max_iter
             continue
         finally:
             client.cancel([f for blocks, out in args for f in (blocks, out)])
-        res[0]["restarts"] = restarts
-        res[0]["ranks"] = len(peers)
-        return res[0]
+        out = res[0]
+        out["restarts"] = restarts
+        out["ranks"] = len(peers)
+        for i, record in enumerate(out["history"]):  # the fields of the graph loop's records, for this loop
+            record.update(executed=len(peers) if i == 0 else 0, reused=0,
+                          executed_by_prefix={"pagerank-sweeps": len(peers)} if i == 0 else {},
+                          channel_bytes=8 * P.n * (len(peers) - 1))  # each rank's values to every other rank
+        return out
