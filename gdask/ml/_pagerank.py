@@ -33,7 +33,7 @@ from dask.task_spec import Task, TaskRef
 from numba import njit
 
 from gdask.ml._base import job_share, shared_docs
-from gdask.ml.kernels._pagerank_cpu import order_share_perm, order_shares
+from gdask.ml.kernels._pagerank_cpu import order_share_perm, order_shares, received_weights, unsigned
 
 __all__ = ["pagerank", "BlockedGraph", "blocked_graph", "sweep_order"]
 
@@ -197,9 +197,10 @@ def sweep_order(A: Any) -> tuple[str, np.ndarray | None]:
     """
     A = _check_adjacency(A)
     n = A.shape[0]
-    out = np.asarray(A.sum(axis=1)).ravel()
-    inv = np.divide(1.0, out, out=np.zeros(n), where=out > 0)
+    if n >= 2 ** 32:
+        raise ValueError(f"sweep_order takes graphs of fewer than 2**32 nodes, got {n}")
     indptr = A.indptr.astype(np.int64, copy=False)
+    inv = np.empty(n)
     down, up, total = order_shares(indptr, A.indices, A.data, inv)
     if total <= 0:
         return "descending", None
@@ -207,15 +208,18 @@ def sweep_order(A: Any) -> tuple[str, np.ndarray | None]:
     natural = "descending" if desc >= asc else "ascending"
     if max(desc, asc) >= 0.95:  # no order can score 0.05 more: skip the sort
         return natural, None
-    received = np.bincount(A.indices, weights=A.data * np.repeat(inv, np.diff(indptr)), minlength=n)
-    # by received rank, ascending; ties in the better direction of the node order (a stable sort)
-    if natural == "descending":
-        perm = (n - 1) - np.argsort(received[::-1], kind="stable")
-    else:
-        perm = np.argsort(received, kind="stable")
-    pos = np.empty(n, dtype=np.int64)
-    pos[perm] = np.arange(n)
-    by_degree = order_share_perm(indptr, A.indices, A.data, inv, pos) / total
+    received = np.empty(n)
+    received_weights(indptr, unsigned(A.indices), A.data, inv, received)
+    # by received rank (float32-rounded), ascending; ties (and near-ties) in the better direction of the
+    # node order: one sort of unique 64-bit keys (the rounded rank's bits above, the tie order below)
+    ties = np.arange(n, dtype=np.uint64) if natural == "ascending" else np.arange(n - 1, -1, -1, dtype=np.uint64)
+    keys = (received.astype(np.float32).view(np.uint32).astype(np.uint64) << np.uint64(32)) | ties
+    keys.sort()
+    low = (keys & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    perm = low if natural == "ascending" else (n - 1) - low
+    pos = np.empty(n, dtype=np.uint32 if n < 2 ** 32 else np.uint64)
+    pos[perm] = np.arange(n, dtype=pos.dtype)
+    by_degree = order_share_perm(indptr, unsigned(A.indices), A.data, inv, pos) / total
     if by_degree > max(desc, asc) + 0.05:
         return "in-degree", perm
     return natural, None

@@ -27,7 +27,7 @@ import numpy as np
 
 from gdask import config
 from gdask.gdataset.collective import CollectiveError, run_on_workers
-from gdask.ml.kernels._pagerank_cpu import scale_block, sweep_block, transpose_renumber
+from gdask.ml.kernels._pagerank_cpu import scale_block, sweep_block, transpose_renumber, unsigned
 
 __all__ = ["Prepared", "prepare", "run_sweeps"]
 
@@ -55,7 +55,7 @@ class Prepared:
         lo, hi = int(self.bounds[b]), int(self.bounds[b + 1])
         a, z = int(self.indptr[lo]), int(self.indptr[hi])
         ptr = self.indptr[lo:hi + 1] - a
-        ptr = ptr.astype(np.int32) if z - a < 2 ** 31 else ptr
+        ptr = ptr.astype(np.uint32 if z - a < 2 ** 32 else np.uint64)
         vals = self.values[a:z] if self.values.size else self.values
         return b, lo, ptr, self.indices[a:z], vals
 
@@ -67,15 +67,16 @@ def prepare(A: Any, pos: np.ndarray | None, nblocks: int) -> Prepared:
     lo_w = float(A.data.min()) if A.nnz else 1.0
     uniform = A.nnz == 0 or (lo_w > 0 and lo_w == float(A.data.max()))
     indptr = A.indptr.astype(np.int64, copy=False)
-    p = np.empty(0, np.int64) if pos is None else np.asarray(pos, dtype=np.int64)
+    udt = np.uint32 if n < 2 ** 32 else np.uint64  # 4-byte positions: half the cache lines of the gathers
+    p = np.empty(0, udt) if pos is None else np.asarray(pos).astype(udt)
     mptr = np.empty(n + 1, np.int64)
-    midx = np.empty(A.nnz, np.int32 if n < 2 ** 31 else np.int64)
+    midx = np.empty(A.nnz, np.uint32 if n < 2 ** 32 else np.uint64)
     mval = np.empty(0 if uniform else A.nnz, np.float64)
-    transpose_renumber(indptr, A.indices, A.data, p, mptr, midx, mval)
+    transpose_renumber(indptr, unsigned(A.indices), A.data, p, mptr, midx, mval)
     out = np.diff(indptr).astype(np.int32) if uniform else np.asarray(A.sum(axis=1)).ravel()
     if pos is not None:
         moved = np.empty_like(out)
-        moved[p] = out
+        moved[pos] = out
         out = moved
     nb = int(max(1, min(nblocks, n)))
     cuts = np.searchsorted(mptr, np.linspace(0, mptr[-1], nb + 1)[1:-1])
@@ -101,7 +102,8 @@ def _rank_sweeps(comm: Any, blocks: list, out: np.ndarray, bounds: np.ndarray, d
         t0 = time.perf_counter()
         mine = []
         for b, lo, ptr, idx, vals in blocks:
-            change, total = sweep_block(ptr, idx, vals, lo, x, xprev, inv, y, damping, teleport, descending)
+            change, total = sweep_block(ptr, idx, vals, lo, x, xprev, inv, y, damping, teleport, descending,
+                                        len(blocks) == 1)
             mine.append((b, change, total))
         for b, lo, ptr, _, _ in blocks:
             xprev[lo:lo + len(ptr) - 1] = x[lo:lo + len(ptr) - 1]
@@ -128,8 +130,14 @@ def _rank_sweeps(comm: Any, blocks: list, out: np.ndarray, bounds: np.ndarray, d
 def _place(client: Any, P: Prepared) -> tuple[list[str], list[tuple]]:
     """Send each worker its contiguous share of the blocks and the out-weights; (peers, args)."""
     workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
-    if not workers:
-        raise RuntimeError("pagerank found no worker on the cluster: start workers (or pass loop='graph')")
+    if not workers:  # between a lost worker and its restart, say
+        wait = float(config.get("timeouts.cluster-start", 120))
+        try:
+            client.wait_for_workers(1, timeout=wait)
+        except TimeoutError:
+            raise RuntimeError(f"pagerank found no worker on the cluster within {wait:g} s (config "
+                               f"gdask.timeouts.cluster-start): start workers, or pass loop='graph'") from None
+        workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
     ranks = min(len(workers), P.nblocks)
     peers, args = workers[:ranks], []
     for r, addr in enumerate(peers):
