@@ -318,15 +318,11 @@ def pagerank(A: Any, *, damping: float = 0.85, tol: float = 1e-6, max_iter: int 
     inner_sweeps : int, default 2
         Gauss-Seidel sweeps over the diagonal block's own edges per block task (``"gauss-seidel"``).
     loop : {"auto", "workers", "graph"}, default "auto"
-        ``"workers"``: the Gauss-Seidel sweeps run in one task per worker over the graph blocks it
-        holds, rank blocks exchanged worker to worker, no graph per iteration
-        (:mod:`gdask.ml._pagerank_loop`): blocks of about equal edges are relaxed row by row, each
-        reading the other blocks' previous values, so the ranks have the same bits on any number
-        of workers for the same ``nblocks`` (default: the workers, at least 2); a lost worker
-        restarts the sweeps on the workers left. Progress records come back when the loop ends.
-        ``"graph"``: the delta iteration described above, one graph per iteration. ``"auto"``:
-        ``"workers"`` for Gauss-Seidel from :data:`WORKERS_MIN_NODES` nodes when config
-        ``gdask.ml.worker-loop`` is on, else ``"graph"``.
+        ``"workers"``: Gauss-Seidel sweeps in one task per worker, rank blocks sent worker to worker
+        (:mod:`gdask.ml._pagerank_loop`; same bits on any number of workers for one ``nblocks``,
+        default the workers, >= 2; progress records come when it ends). ``"graph"``: the delta
+        iteration above. ``"auto"``: ``"workers"`` for Gauss-Seidel from :data:`WORKERS_MIN_NODES`
+        nodes when config ``gdask.ml.worker-loop`` is on.
     client : distributed.Client, optional
     {job_parameters}
     verbose : int, default 0
