@@ -153,12 +153,13 @@ def run_sweeps(client: Any, P: Prepared, *, damping: float, tol: float, max_iter
     restarts = 0
     max_restarts = int(config.get("engine.max-restarts", 3))
     while True:
-        peers, args = _place(client, P)
+        args: list = []
         try:
+            peers, args = _place(client, P)
             res = run_on_workers(client, _rank_sweeps, peers,
                                  [(blocks, out, P.bounds, damping, tol, max_iter, descending) for blocks, out in args],
                                  name="pagerank-sweeps")
-        except CollectiveError as e:
+        except (CollectiveError, OSError) as e:  # OSError: a worker gone while its blocks were sent
             if restarts >= max_restarts:
                 raise
             restarts += 1

@@ -102,3 +102,25 @@ def test_loop_errors(client):
         gdask.ml.pagerank(sp.eye(3, format="csr"), loop="gpu", client=client)
     with pytest.raises(ValueError, match="method='gauss-seidel'"):
         gdask.ml.pagerank(sp.eye(3, format="csr"), loop="workers", method="jacobi", client=client)
+
+
+def test_a_failed_loop_runs_again_to_the_same_bits(client, monkeypatch):
+    # the loop's first attempt ends as a lost worker ends it (CollectiveError): the blocks are sent
+    # again and the sweeps run again from the start
+    import gdask.ml._pagerank_loop as loop
+    from gdask.gdataset.collective import CollectiveError
+
+    A = gdask.ml.powerlaw_graph(3000, avg_degree=5, seed=6)
+    ref = gdask.ml.pagerank(A, tol=1e-9, nblocks=2, loop="workers", client=client)
+    real, calls = loop.run_on_workers, []
+
+    def failing_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise CollectiveError("pagerank-sweeps on the workers lost worker(s) ['tcp://gone']")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "run_on_workers", failing_once)
+    r, info = gdask.ml.pagerank(A, tol=1e-9, nblocks=2, loop="workers", return_info=True, client=client)
+    assert info["restarts"] == 1 and len(calls) == 2
+    np.testing.assert_array_equal(r, ref)
