@@ -33,10 +33,16 @@ from dask.task_spec import Task, TaskRef
 from numba import njit
 
 from gdask.ml._base import job_share, shared_docs
+from gdask.ml.kernels._pagerank_cpu import order_share_perm, order_shares, received_weights, unsigned
 
 __all__ = ["pagerank", "BlockedGraph", "blocked_graph", "sweep_order"]
 
 _METHODS = ("gauss-seidel", "jacobi")
+_LOOPS = ("auto", "workers", "graph")
+
+#: ``loop="auto"`` runs the sweeps on the workers from this many nodes (one default graph block of the
+#: delta iteration's): below, a graph per iteration costs milliseconds and keeps GTracker's reuse
+WORKERS_MIN_NODES = 65_536
 
 
 def _held(x):
@@ -122,7 +128,7 @@ def _check_adjacency(A: Any):
         A = sp.csr_matrix(np.asarray(A))
     if A.ndim != 2 or A.shape[0] != A.shape[1]:
         raise ValueError(f"the adjacency matrix must be square, got shape {A.shape}")
-    A = A.tocsr().astype(np.float64)
+    A = A.tocsr().astype(np.float64, copy=False)  # no copy of a float64 CSR matrix: it is only read
     if A.nnz and A.data.min() < 0:
         raise ValueError("edge weights must be non-negative")
     return A
@@ -191,22 +197,29 @@ def sweep_order(A: Any) -> tuple[str, np.ndarray | None]:
     """
     A = _check_adjacency(A)
     n = A.shape[0]
-    out = np.asarray(A.sum(axis=1)).ravel()
-    inv = np.divide(1.0, out, out=np.zeros(n), where=out > 0)
-    src = np.repeat(np.arange(n, dtype=np.int64), np.diff(A.indptr))
-    dst = A.indices
-    w = A.data * inv[src]
-    total = float(w.sum())
+    if n >= 2 ** 32:
+        raise ValueError(f"sweep_order takes graphs of fewer than 2**32 nodes, got {n}")
+    indptr = A.indptr.astype(np.int64, copy=False)
+    inv = np.empty(n)
+    down, up, total = order_shares(indptr, A.indices, A.data, inv)
     if total <= 0:
         return "descending", None
-    desc = float(w[dst < src].sum()) / total  # links to lower indices: forward in a descending sweep
-    asc = float(w[dst > src].sum()) / total
+    desc, asc = down / total, up / total  # links to lower indices: forward in a descending sweep
     natural = "descending" if desc >= asc else "ascending"
-    received = np.bincount(dst, weights=w, minlength=n)
-    perm = np.lexsort((-np.arange(n) if natural == "descending" else np.arange(n), received))
-    pos = np.empty(n, dtype=np.int64)
-    pos[perm] = np.arange(n)
-    by_degree = float(w[pos[src] < pos[dst]].sum()) / total
+    if max(desc, asc) >= 0.95:  # no order can score 0.05 more: skip the sort
+        return natural, None
+    received = np.empty(n)
+    received_weights(indptr, unsigned(A.indices), A.data, inv, received)
+    # by received rank (float32-rounded), ascending; ties (and near-ties) in the better direction of the
+    # node order: one sort of unique 64-bit keys (the rounded rank's bits above, the tie order below)
+    ties = np.arange(n, dtype=np.uint64) if natural == "ascending" else np.arange(n - 1, -1, -1, dtype=np.uint64)
+    keys = (received.astype(np.float32).view(np.uint32).astype(np.uint64) << np.uint64(32)) | ties
+    keys.sort()
+    low = (keys & np.uint64(0xFFFFFFFF)).astype(np.int64)
+    perm = low if natural == "ascending" else (n - 1) - low
+    pos = np.empty(n, dtype=np.uint32 if n < 2 ** 32 else np.uint64)
+    pos[perm] = np.arange(n, dtype=pos.dtype)
+    by_degree = order_share_perm(indptr, unsigned(A.indices), A.data, inv, pos) / total
     if by_degree > max(desc, asc) + 0.05:
         return "in-degree", perm
     return natural, None
@@ -265,9 +278,9 @@ def _make_gs_step(damping: float, sweeps: int, descending: bool):
 
 @shared_docs
 def pagerank(A: Any, *, damping: float = 0.85, tol: float = 1e-6, max_iter: int = 200, nblocks: int | None = None,
-             method: str = "gauss-seidel", inner_sweeps: int = 2, client: Any = None, return_info: bool = False,
-             gpu: float | None = None, memory: Any = None, job_name: str | None = None, verbose: int = 0,
-             callback: Any = None):
+             method: str = "gauss-seidel", inner_sweeps: int = 2, loop: str = "auto", client: Any = None,
+             return_info: bool = False, gpu: float | None = None, memory: Any = None, job_name: str | None = None,
+             verbose: int = 0, callback: Any = None):
     """PageRank of a directed graph as a delta iteration over a blocked sparse graph.
 
     Same definition as ``networkx.pagerank`` (uniform teleport, dangling nodes' rank spread
@@ -304,6 +317,12 @@ def pagerank(A: Any, *, damping: float = 0.85, tol: float = 1e-6, max_iter: int 
     method : {"gauss-seidel", "jacobi"}, default "gauss-seidel"
     inner_sweeps : int, default 2
         Gauss-Seidel sweeps over the diagonal block's own edges per block task (``"gauss-seidel"``).
+    loop : {"auto", "workers", "graph"}, default "auto"
+        ``"workers"``: Gauss-Seidel sweeps in one task per worker, rank blocks sent worker to worker
+        (:mod:`gdask.ml._pagerank_loop`; same bits on any number of workers for one ``nblocks``,
+        default the workers, >= 2; progress records come when it ends). ``"graph"``: the delta
+        iteration above. ``"auto"``: ``"workers"`` for Gauss-Seidel from :data:`WORKERS_MIN_NODES`
+        nodes when config ``gdask.ml.worker-loop`` is on.
     client : distributed.Client, optional
     {job_parameters}
     verbose : int, default 0
@@ -326,7 +345,7 @@ def pagerank(A: Any, *, damping: float = 0.85, tol: float = 1e-6, max_iter: int 
     ------
     ValueError
         If ``A`` is not square or has negative weights, ``damping`` is not in (0, 1), ``method``
-        is unknown or ``inner_sweeps < 1``.
+        or ``loop`` is unknown, ``loop="workers"`` with ``method="jacobi"``, or ``inner_sweeps < 1``.
 
     Examples
     --------
@@ -335,14 +354,16 @@ def pagerank(A: Any, *, damping: float = 0.85, tol: float = 1e-6, max_iter: int 
     """
     with job_share(gpu, memory, job_name, "pagerank"):
         return _pagerank(A, damping=damping, tol=tol, max_iter=max_iter, nblocks=nblocks, method=method,
-                         inner_sweeps=inner_sweeps, client=client, return_info=return_info, verbose=verbose,
-                         callback=callback)
+                         inner_sweeps=inner_sweeps, loop=loop, client=client, return_info=return_info,
+                         verbose=verbose, callback=callback)
 
 
 def _pagerank(A: Any, *, damping: float, tol: float, max_iter: int, nblocks: int | None, method: str,
-              inner_sweeps: int, client: Any, return_info: bool, verbose: int = 0, callback: Any = None):
+              inner_sweeps: int, loop: str, client: Any, return_info: bool, verbose: int = 0, callback: Any = None):
     from gdask.gdataset import iterate
 
+    if loop not in _LOOPS:
+        raise ValueError(f"loop must be one of {_LOOPS}, got {loop!r}")
     if not 0 < damping < 1:
         raise ValueError(f"damping must be in (0, 1), got {damping}")
     if method not in _METHODS:
@@ -354,6 +375,9 @@ def _pagerank(A: Any, *, damping: float, tol: float, max_iter: int, nblocks: int
 
         client = default_client()
     A = _check_adjacency(A)
+    if _on_workers(loop, method, A.shape[0]):
+        return _pagerank_workers(A, damping=damping, tol=tol, max_iter=max_iter, nblocks=nblocks, client=client,
+                                 return_info=return_info, progress=(verbose, callback, max_iter))
     order, perm = None, None
     if method == "gauss-seidel":
         order, perm = sweep_order(A)
@@ -381,5 +405,47 @@ def _pagerank(A: Any, *, damping: float, tol: float, max_iter: int, nblocks: int
     r = y / y.sum()
     if return_info:
         return r, {"n_iter": res.n_iter, "converged": res.converged, "history": res.history,
-                   "nblocks": G.nblocks, "block_tasks": G.nblocks * G.nblocks, "method": method, "order": order}
+                   "nblocks": G.nblocks, "block_tasks": G.nblocks * G.nblocks, "method": method, "order": order,
+                   "loop": "graph"}
+    return r
+
+
+def _on_workers(loop: str, method: str, n: int) -> bool:
+    """Whether the sweeps run in the loop on the workers (see ``loop`` of :func:`pagerank`)."""
+    from gdask import config
+
+    if loop != "auto":
+        if loop == "workers" and method != "gauss-seidel":
+            raise ValueError("loop='workers' sweeps Gauss-Seidel: pass method='gauss-seidel' (or loop='graph')")
+        return loop == "workers"
+    return method == "gauss-seidel" and n >= WORKERS_MIN_NODES and bool(config.get("ml.worker-loop", True))
+
+
+def _pagerank_workers(A: Any, *, damping: float, tol: float, max_iter: int, nblocks: int | None, client: Any,
+                      return_info: bool, progress: tuple):
+    """:func:`pagerank` with the sweeps on the workers (:mod:`gdask.ml._pagerank_loop`)."""
+    from gdask.gdataset import Progress
+    from gdask.ml._pagerank_loop import prepare, run_sweeps
+
+    order, perm = sweep_order(A)
+    pos = None
+    if perm is not None:
+        pos = np.empty_like(perm)
+        pos[perm] = np.arange(len(perm))
+    if nblocks is None:
+        nblocks = max(2, len(client.scheduler_info(n_workers=-1)["workers"]))
+    P = prepare(A, pos, nblocks)
+    res = run_sweeps(client, P, damping=damping, tol=tol, max_iter=max_iter, descending=order == "descending")
+    bar = Progress(progress[0], progress[1], total=progress[2], desc="pagerank")
+    try:
+        for record in res["history"]:  # the records of the sweeps come back with the ranks
+            bar.update(record)
+    finally:
+        bar.close(converged=res["converged"])
+    y = res["y"] if perm is None else res["y"][pos]
+    r = y / y.sum()
+    if return_info:
+        return r, {"n_iter": res["n_iter"], "converged": res["converged"], "history": res["history"],
+                   "nblocks": P.nblocks, "block_tasks": P.nblocks, "method": "gauss-seidel", "order": order,
+                   "loop": "workers", "ranks": res["ranks"], "restarts": res["restarts"]}
     return r

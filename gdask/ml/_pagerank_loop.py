@@ -1,0 +1,178 @@
+"""PageRank's loop on the workers: one task per worker sweeps the graph blocks it holds, rank blocks go
+worker to worker (:func:`gdask.gdataset.collective.run_on_workers`), no graph per iteration.
+
+The graph is prepared here in one pass (:func:`prepare`): ``M = A.T`` renumbered by the sweep order,
+split by rows into ``nblocks`` blocks of about equal edges. Each worker receives its blocks once and
+every worker the sources' out-weights (the inverse out-degrees are computed there). An iteration is
+one sweep: every block is relaxed row by row (Gauss-Seidel over its own edges), reading the other
+blocks' values from the previous sweep (block Jacobi between blocks), so a block's update is the same
+whichever worker holds it and whichever blocks share that worker: the ranks have the same bits on any
+number of workers for the same ``nblocks``. After a sweep the workers all-gather their blocks' new
+values, L1 changes and sums, and every worker takes the same stop decision (sums in block order).
+
+A worker lost (or a loop that could not start) ends the attempt with
+:class:`~gdask.gdataset.collective.CollectiveError`: the blocks are sent again to the workers there
+are then (the client keeps the prepared graph for the whole call) and the sweeps run again from the
+start, at most config ``gdask.engine.max-restarts`` times, to the same bits.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gdask import config
+from gdask.gdataset.collective import CollectiveError, run_on_workers
+from gdask.ml.kernels._pagerank_cpu import scale_block, sweep_block, transpose_renumber, unsigned
+
+__all__ = ["Prepared", "prepare", "run_sweeps"]
+
+logger = logging.getLogger("gdask.ml")
+
+
+@dataclass
+class Prepared:
+    """``M`` (renumbered, row = destination) as CSR arrays, split by rows at ``bounds``; ``out`` the
+    sources' out-weights in the new numbering (int32 degrees when every edge weighs the same)."""
+
+    n: int
+    indptr: np.ndarray
+    indices: np.ndarray
+    values: np.ndarray  # empty: every edge weighs the same
+    out: np.ndarray
+    bounds: np.ndarray
+
+    @property
+    def nblocks(self) -> int:
+        return len(self.bounds) - 1
+
+    def block(self, b: int) -> tuple:
+        """Block ``b``: (index, first row, indptr from 0, indices, values), compact arrays."""
+        lo, hi = int(self.bounds[b]), int(self.bounds[b + 1])
+        a, z = int(self.indptr[lo]), int(self.indptr[hi])
+        ptr = self.indptr[lo:hi + 1] - a
+        ptr = ptr.astype(np.uint32 if z - a < 2 ** 32 else np.uint64)
+        vals = self.values[a:z] if self.values.size else self.values
+        return b, lo, ptr, self.indices[a:z], vals
+
+
+def prepare(A: Any, pos: np.ndarray | None, nblocks: int) -> Prepared:
+    """``A`` (checked CSR, float64) as :class:`Prepared`, renumbered by ``pos`` (new index of each
+    node, or None) and split into ``nblocks`` row blocks of about equal edges."""
+    n = A.shape[0]
+    lo_w = float(A.data.min()) if A.nnz else 1.0
+    uniform = A.nnz == 0 or (lo_w > 0 and lo_w == float(A.data.max()))
+    indptr = A.indptr.astype(np.int64, copy=False)
+    udt = np.uint32 if n < 2 ** 32 else np.uint64  # 4-byte positions: half the cache lines of the gathers
+    p = np.empty(0, udt) if pos is None else np.asarray(pos).astype(udt)
+    mptr = np.empty(n + 1, np.int64)
+    midx = np.empty(A.nnz, np.uint32 if n < 2 ** 32 else np.uint64)
+    mval = np.empty(0 if uniform else A.nnz, np.float64)
+    transpose_renumber(indptr, unsigned(A.indices), A.data, p, mptr, midx, mval)
+    out = np.diff(indptr).astype(np.int32) if uniform else np.asarray(A.sum(axis=1)).ravel()
+    if pos is not None:
+        moved = np.empty_like(out)
+        moved[pos] = out
+        out = moved
+    nb = int(max(1, min(nblocks, n)))
+    cuts = np.searchsorted(mptr, np.linspace(0, mptr[-1], nb + 1)[1:-1])
+    bounds = np.concatenate([[0], np.minimum(cuts, n), [n]]).astype(np.int64)
+    bounds = np.maximum.accumulate(bounds)
+    return Prepared(n=n, indptr=mptr, indices=midx, values=mval, out=out, bounds=bounds)
+
+
+def _rank_sweeps(comm: Any, blocks: list, out: np.ndarray, bounds: np.ndarray, damping: float, tol: float,
+                 max_iter: int, descending: bool) -> dict:
+    """(On a worker) sweep ``blocks`` until the whole change is at most ``tol`` times the sum."""
+    n = int(bounds[-1])
+    teleport = (1.0 - damping) / n
+    inv = np.zeros(n)
+    np.divide(1.0, out, out=inv, where=out > 0)
+    y = np.full(n, teleport)
+    x = inv * y
+    xprev = x.copy()
+    blocks = sorted(blocks, key=lambda blk: blk[0], reverse=descending)
+    nb = len(bounds) - 1
+    history, converged, it = [], False, 0
+    while it < max_iter:
+        t0 = time.perf_counter()
+        mine = []
+        for b, lo, ptr, idx, vals in blocks:
+            change, total = sweep_block(ptr, idx, vals, lo, x, xprev, inv, y, damping, teleport, descending,
+                                        len(blocks) == 1)
+            mine.append((b, change, total))
+        for b, lo, ptr, _, _ in blocks:
+            xprev[lo:lo + len(ptr) - 1] = x[lo:lo + len(ptr) - 1]
+        sent = [(b, y[bounds[b]:bounds[b + 1]].copy()) for b, _, _ in mine]
+        got = comm.allgather((mine, sent if comm.size > 1 else []))
+        changes, totals = np.zeros(nb), np.zeros(nb)
+        for rank, (stats, vals) in enumerate(got):
+            for b, change, total in stats:
+                changes[b], totals[b] = change, total
+            if rank != comm.rank:
+                for b, v in vals:
+                    y[bounds[b]:bounds[b + 1]] = v
+                    scale_block(y, inv, x, xprev, bounds[b], bounds[b + 1])
+        it += 1
+        change, total = sum(changes.tolist()), sum(totals.tolist())  # block order: the same on every rank
+        history.append({"iteration": it, "seconds": time.perf_counter() - t0, "change": change,
+                        "active_blocks": int((changes > 0).sum())})
+        if change <= tol * total:
+            converged = True
+            break
+    return {"y": y if comm.rank == 0 else None, "n_iter": it, "converged": converged, "history": history}
+
+
+def _place(client: Any, P: Prepared) -> tuple[list[str], list[tuple]]:
+    """Send each worker its contiguous share of the blocks and the out-weights; (peers, args)."""
+    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    if not workers:  # between a lost worker and its restart, say
+        wait = float(config.get("timeouts.cluster-start", 120))
+        try:
+            client.wait_for_workers(1, timeout=wait)
+        except TimeoutError:
+            raise RuntimeError(f"pagerank found no worker on the cluster within {wait:g} s (config "
+                               f"gdask.timeouts.cluster-start): start workers, or pass loop='graph'") from None
+        workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    ranks = min(len(workers), P.nblocks)
+    peers, args = workers[:ranks], []
+    for r, addr in enumerate(peers):
+        share = [P.block(b) for b in range(r * P.nblocks // ranks, (r + 1) * P.nblocks // ranks)]
+        blocks, out = client.scatter([share, P.out], workers=[addr], hash=False, direct=True)
+        args.append((blocks, out))
+    return peers, args
+
+
+def run_sweeps(client: Any, P: Prepared, *, damping: float, tol: float, max_iter: int, descending: bool) -> dict:
+    """The sweeps on the workers (see the module docstring): the rank-0 result dict plus
+    ``restarts``."""
+    restarts = 0
+    max_restarts = int(config.get("engine.max-restarts", 3))
+    while True:
+        args: list = []
+        try:
+            peers, args = _place(client, P)
+            res = run_on_workers(client, _rank_sweeps, peers,
+                                 [(blocks, out, P.bounds, damping, tol, max_iter, descending) for blocks, out in args],
+                                 name="pagerank-sweeps")
+        except (CollectiveError, OSError) as e:  # OSError: a worker gone while its blocks were sent
+            if restarts >= max_restarts:
+                raise
+            restarts += 1
+            logger.warning("pagerank on the workers failed (%s); sending the blocks again (restart %d of %d)",
+                           e, restarts, max_restarts)
+            continue
+        finally:
+            client.cancel([f for blocks, out in args for f in (blocks, out)])
+        out = res[0]
+        out["restarts"] = restarts
+        out["ranks"] = len(peers)
+        for i, record in enumerate(out["history"]):  # the fields of the graph loop's records, for this loop
+            record.update(executed=len(peers) if i == 0 else 0, reused=0,
+                          executed_by_prefix={"pagerank-sweeps": len(peers)} if i == 0 else {},
+                          channel_bytes=8 * P.n * (len(peers) - 1))  # each rank's values to every other rank
+        return out

@@ -1,0 +1,126 @@
+"""gdask.ml.pagerank with its sweeps on the workers (loop="workers"): answers, bits, kernels."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import gdask.ml
+from gdask.ml._pagerank import sweep_order
+from gdask.ml._pagerank_loop import _rank_sweeps, prepare
+from gdask.ml.kernels._pagerank_cpu import transpose_renumber
+from tests.ml.test_pagerank import reference_pagerank
+
+
+class OneRank:
+    """The communicator of a loop with one rank (every block in this process)."""
+
+    rank, size = 0, 1
+
+    def allgather(self, value):
+        return [value]
+
+
+def _shuffled(A, seed):
+    p = np.random.default_rng(seed).permutation(A.shape[0])
+    return A[p][:, p].tocsr()
+
+
+@pytest.mark.parametrize("kind", ["natural", "reversed", "shuffled", "weighted"])
+@pytest.mark.parametrize("nblocks", [1, 3])
+def test_matches_dense_reference(bclient, kind, nblocks):
+    A = gdask.ml.powerlaw_graph(700, avg_degree=4, seed=3, p_back=0.05)
+    if kind == "reversed":
+        A = A[::-1][:, ::-1].tocsr()
+    elif kind == "shuffled":
+        A = _shuffled(A, 1)
+    elif kind == "weighted":
+        A.data = np.random.default_rng(0).uniform(0.5, 3.0, A.nnz)
+    assert (A.getnnz(axis=1) == 0).any()  # dangling nodes
+    r, info = gdask.ml.pagerank(A, tol=1e-10, nblocks=nblocks, loop="workers", return_info=True, client=bclient)
+    assert info["loop"] == "workers" and info["converged"] and info["nblocks"] == nblocks
+    assert info["order"] == {"natural": "descending", "reversed": "ascending", "shuffled": "in-degree",
+                             "weighted": "descending"}[kind]
+    np.testing.assert_allclose(r, reference_pagerank(A), rtol=0, atol=1e-9)
+    assert r.sum() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("nblocks", [1, 2])
+def test_small_handmade_graph(client, nblocks):
+    # 0 -> 1 (weight 2), 0 -> 2, 1 -> 2, 2 -> 0, 3 dangling, 4 isolated
+    A = sp.csr_matrix((np.array([2.0, 1.0, 1.0, 1.0]), (np.array([0, 0, 1, 2]), np.array([1, 2, 2, 0]))),
+                      shape=(5, 5))
+    r = gdask.ml.pagerank(A, damping=0.5, tol=1e-12, nblocks=nblocks, loop="workers", client=client)
+    np.testing.assert_allclose(r, reference_pagerank(A, damping=0.5), atol=1e-10)
+
+
+def test_same_bits_wherever_the_blocks_sit(client):
+    # 4 blocks on the 2 workers (2 each) and all 4 in one rank in this process: the same bits, as a
+    # block reads the other blocks' values of the previous sweep wherever they are
+    A = _shuffled(gdask.ml.powerlaw_graph(3000, avg_degree=5, seed=4), 2)
+    r, info = gdask.ml.pagerank(A, tol=1e-9, nblocks=4, loop="workers", return_info=True, client=client)
+    assert info["ranks"] == 2
+    _, perm = sweep_order(A)
+    pos = np.empty_like(perm)
+    pos[perm] = np.arange(len(perm))
+    P = prepare(A.astype(np.float64), pos, 4)
+    one = _rank_sweeps(OneRank(), [P.block(b) for b in range(4)], P.out, P.bounds, 0.85, 1e-9, 200, False)
+    y = one["y"][pos]
+    assert one["n_iter"] == info["n_iter"]
+    np.testing.assert_array_equal(r, y / y.sum())
+
+
+def test_fewer_sweeps_than_power_iterations(client):
+    A = gdask.ml.powerlaw_graph(5000, avg_degree=5, seed=0, p_back=0.05)
+    _, gs = gdask.ml.pagerank(A, tol=1e-8, nblocks=2, loop="workers", return_info=True, client=client)
+    _, jac = gdask.ml.pagerank(A, tol=1e-8, nblocks=2, method="jacobi", return_info=True, client=client)
+    assert gs["converged"] and 2 * gs["n_iter"] <= jac["n_iter"]
+
+
+def test_auto_loop(client):
+    A = gdask.ml.powerlaw_graph(2000, avg_degree=4, seed=1)
+    _, info = gdask.ml.pagerank(A, tol=1e-8, return_info=True, client=client)
+    assert info["loop"] == "graph"  # below WORKERS_MIN_NODES: the delta iteration
+
+
+def test_transpose_renumber_matches_scipy():
+    A = gdask.ml.powerlaw_graph(500, avg_degree=4, seed=2, p_back=0.2)
+    A.data = np.arange(1.0, A.nnz + 1.0)
+    pos = np.random.default_rng(3).permutation(500)
+    for p in (np.empty(0, np.int64), pos):
+        ptr, idx, val = np.empty(501, np.int64), np.empty(A.nnz, np.int32), np.empty(A.nnz)
+        transpose_renumber(A.indptr.astype(np.int64), A.indices, A.data, p, ptr, idx, val)
+        coo = A.tocoo()
+        want = A if p.size == 0 else sp.csr_matrix((coo.data, (pos[coo.row], pos[coo.col])), shape=A.shape)
+        got = sp.csr_matrix((val, idx, ptr), shape=A.shape)
+        assert (got != want.T.tocsr()).nnz == 0
+
+
+def test_loop_errors(client):
+    with pytest.raises(ValueError, match="loop"):
+        gdask.ml.pagerank(sp.eye(3, format="csr"), loop="gpu", client=client)
+    with pytest.raises(ValueError, match="method='gauss-seidel'"):
+        gdask.ml.pagerank(sp.eye(3, format="csr"), loop="workers", method="jacobi", client=client)
+
+
+def test_a_failed_loop_runs_again_to_the_same_bits(client, monkeypatch):
+    # the loop's first attempt ends as a lost worker ends it (CollectiveError): the blocks are sent
+    # again and the sweeps run again from the start
+    import gdask.ml._pagerank_loop as loop
+    from gdask.gdataset.collective import CollectiveError
+
+    A = gdask.ml.powerlaw_graph(3000, avg_degree=5, seed=6)
+    ref = gdask.ml.pagerank(A, tol=1e-9, nblocks=2, loop="workers", client=client)
+    real, calls = loop.run_on_workers, []
+
+    def failing_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise CollectiveError("pagerank-sweeps on the workers lost worker(s) ['tcp://gone']")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "run_on_workers", failing_once)
+    r, info = gdask.ml.pagerank(A, tol=1e-9, nblocks=2, loop="workers", return_info=True, client=client)
+    assert info["restarts"] == 1 and len(calls) == 2
+    np.testing.assert_array_equal(r, ref)
