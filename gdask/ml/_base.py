@@ -132,8 +132,8 @@ class InputKind:
         "array" (in memory: NumPy, lists, pandas, sparse, CuPy, cuDF), "gdataset" or "dask".
     array : str
         The array type the input stands for: "numpy", "cupy" or "device" (a device namespace's own
-        arrays); a dask collection's chunk type; "numpy" for a GDataSet, whose blocks stay on the
-        devices.
+        arrays); a dask collection's chunk type; for a GDataSet, the type it was made from
+        (``GDataSet.input_type``: "numpy" for host data, "cupy" for CuPy / cuDF).
     """
 
     container: str
@@ -152,8 +152,8 @@ class InputKind:
 
 def input_kind(X: Any) -> InputKind:
     """The :class:`InputKind` of ``X`` (the one place gdask.ml tells inputs apart)."""
-    if isinstance(X, GDataSet):
-        return InputKind("gdataset", "numpy")
+    if isinstance(X, GDataSet):  # results follow what the dataset was made from
+        return InputKind("gdataset", getattr(X, "input_type", None) or "numpy")
     if hasattr(X, "__dask_graph__"):
         meta = getattr(X, "_meta", None)  # dask arrays and DataFrames: an empty chunk of their type
         return InputKind("dask", _DEVICE_MODULES.get(module_name(meta), "numpy"))
