@@ -94,7 +94,10 @@ def test_the_warm_up_changes_no_global_state_while_it_runs():
 @pytest.mark.timeout(600)  # the worker compiles every kernel from scratch
 def test_a_cluster_start_prints_nothing_and_tasks_see_the_workers_config(tmp_path):
     """Workers compiling from scratch (an empty numba cache): a task that runs while they warm up
-    sees its worker's config unchanged, and starting the cluster prints no warning."""
+    sees its worker's config unchanged, the warnings filters are as before once it is done, and
+    starting the cluster prints no warning. (While numba infers types it holds its own
+    ``warnings.catch_warnings`` for a moment, in any thread that compiles; that is numba's, and
+    test_the_warm_up_code_sets_no_warnings_filters_or_config checks that gdask adds none.)"""
     script = tmp_path / "start.py"
     script.write_text(textwrap.dedent("""
         import json, time, warnings
@@ -108,12 +111,14 @@ def test_a_cluster_start_prints_nothing_and_tasks_see_the_workers_config(tmp_pat
             w = get_worker()
             plugin = w.plugins["gdask-warm-kernels"]
             seen, running = set(), 0
+            filters = list(warnings.filters)
             while not plugin.status()["done"]:
                 running += 1
-                seen.add((repr(dask.config.get("scheduler", None)), len(warnings.filters)))
+                seen.add(repr(dask.config.get("scheduler", None)))
                 time.sleep(0.001)
-            after = (repr(dask.config.get("scheduler", None)), len(warnings.filters))
-            return {"seen": sorted(seen), "after": after, "running": running, "status": plugin.status()}
+            after = repr(dask.config.get("scheduler", None))
+            return {"seen": sorted(seen), "after": after, "running": running, "status": plugin.status(),
+                    "filters_kept": list(warnings.filters) == filters}
 
         if __name__ == "__main__":
             with gdask.LocalGPUCluster(n_devices=1, backend="emulated", dashboard_address=":0") as cluster, \\
@@ -129,7 +134,7 @@ def test_a_cluster_start_prints_nothing_and_tasks_see_the_workers_config(tmp_pat
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert any(o["running"] > 0 for o in out), "no task ran during the warm-up: the test saw nothing"
     for o in out:
-        assert all(tuple(s) == tuple(o["after"]) for s in o["seen"]), o
+        assert all(s == o["after"] for s in o["seen"]) and o["filters_kept"], o
         assert o["status"]["error"] is None and o["status"]["compiled"] == o["status"]["total"] > 0
     assert "Warning" not in proc.stderr and "warning" not in proc.stderr.lower(), proc.stderr[-3000:]
 
@@ -151,3 +156,23 @@ def test_strict_devices_skip_the_warm_up():
     plugin = WarmKernels()
     plugin.setup(Worker())
     assert plugin.status() == {"done": True, "seconds": 0.0, "error": None, "compiled": 0, "total": 0}
+
+
+def test_the_warm_up_code_sets_no_warnings_filters_or_config():
+    """gdask's warm-up (and the kernels it calls) neither filters warnings nor sets dask config: both
+    are process-wide and would reach user tasks running on the worker meanwhile."""
+    import ast
+    from pathlib import Path
+
+    import gdask.ml
+
+    root = Path(gdask.ml.__file__).parent
+    for path in [root / "_warm.py", *sorted((root / "kernels").glob("*.py"))]:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in ("catch_warnings", "simplefilter",
+                                                                  "filterwarnings"):
+                raise AssertionError(f"{path.name}:{node.lineno}: warnings.{node.attr}")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "set" \
+                    and getattr(node.func.value, "attr", None) == "config":
+                raise AssertionError(f"{path.name}:{node.lineno}: dask.config.set")
