@@ -287,3 +287,27 @@ def _smoke_test() -> bool:
 
 register("common", _make_device_functions)
 register("rowsum", _make_rowsum)
+
+
+def weights_vector(xp: Any, w: Any, n: int) -> Any:
+    """Row weights as a contiguous float64 device vector (a 1-entry placeholder for None)."""
+    wv = xp.ascontiguousarray(xp.asarray(w, dtype=np.float64)) if w is not None else xp.empty(1, np.float64)
+    if w is not None and wv.shape != (n,):
+        raise CudaKernelError(f"weights must have one entry per row ({n}), got shape {wv.shape}")
+    return wv
+
+
+def select_far(fd: np.ndarray, fi: np.ndarray, fl: np.ndarray, q: int) -> tuple[np.ndarray, np.ndarray,
+                                                                                   np.ndarray]:
+    """The ``q`` farthest of the thread blocks' candidates (larger distance first, then lower row):
+    a partition of ``grid * N_FARTHEST`` values, then a sort of the ``q`` kept."""
+    keep = fi >= 0
+    fd, fi, fl = fd[keep], fi[keep], fl[keep].astype(np.int64)
+    if fd.size > q:
+        t = np.partition(fd, fd.size - q)[fd.size - q]  # the q-th largest distance
+        above = np.flatnonzero(fd > t)
+        tied = np.flatnonzero(fd == t)
+        sel = np.concatenate([above, tied[np.argsort(fi[tied], kind="stable")][:q - above.size]])
+        fd, fi, fl = fd[sel], fi[sel], fl[sel]
+    order = np.lexsort((fi, -fd))  # farther first, then the lower row: the same order whatever the grid
+    return fd[order], fi[order], fl[order]

@@ -446,13 +446,6 @@ def _centers(blk: Any, centers: Any) -> np.ndarray:
     return cf
 
 
-def _weights(xp: Any, w: Any, n: int) -> Any:
-    wv = xp.ascontiguousarray(xp.asarray(w, dtype=np.float64)) if w is not None else xp.empty(1, np.float64)
-    if w is not None and wv.shape != (n,):
-        raise cuc.CudaKernelError(f"weights must have one entry per row ({n}), got shape {wv.shape}")
-    return wv
-
-
 def _stats_run(blk: Any, centers: Any, w: Any, stream: Any, bounds: bool) -> dict[str, Any]:
     """Launch ``lloyd-stats`` (``bounds`` False) or ``first-pass`` and add the partials."""
     xp = cuc.array_module_of(blk)
@@ -469,7 +462,7 @@ def _stats_run(blk: Any, centers: Any, w: Any, stream: Any, bounds: bool) -> dic
     sh_sums, sh_c, shmem = _layout(k, d, tpb, dt.itemsize)
     with cuc.stream_scope(xp, stream):
         cen = xp.asarray(np.ascontiguousarray(cf, dtype=dt).ravel())
-        wv = _weights(xp, w, n)
+        wv = cuc.weights_vector(xp, w, n)
         # one row of partials per thread block, added in thread-block order afterwards (no atomics)
         part_sums = xp.zeros(grid * k * d, np.float64)
         part_counts = xp.zeros(grid * k, np.float64)
@@ -497,24 +490,8 @@ def _stats_run(blk: Any, centers: Any, w: Any, stream: Any, bounds: bool) -> dic
         out["sums"] = cuc.sum_partials(xp, part_sums, grid, k * d, stream)
         out["counts"] = cuc.sum_partials(xp, part_counts, grid, k, stream)
         out["totals"] = cuc.to_host(cuc.sum_partials(xp, part_tot, grid, 2, stream))
-        out["far"] = _select_far(cuc.to_host(far_d), cuc.to_host(far_i), cuc.to_host(far_l), min(q, n))
+        out["far"] = cuc.select_far(cuc.to_host(far_d), cuc.to_host(far_i), cuc.to_host(far_l), min(q, n))
     return out
-
-
-def _select_far(fd: np.ndarray, fi: np.ndarray, fl: np.ndarray, q: int) -> tuple[np.ndarray, np.ndarray,
-                                                                                   np.ndarray]:
-    """The ``q`` farthest of the thread blocks' candidates (larger distance first, then lower row):
-    a partition of ``grid * N_FARTHEST`` values, then a sort of the ``q`` kept."""
-    keep = fi >= 0
-    fd, fi, fl = fd[keep], fi[keep], fl[keep].astype(np.int64)
-    if fd.size > q:
-        t = np.partition(fd, fd.size - q)[fd.size - q]  # the q-th largest distance
-        above = np.flatnonzero(fd > t)
-        tied = np.flatnonzero(fd == t)
-        sel = np.concatenate([above, tied[np.argsort(fi[tied], kind="stable")][:q - above.size]])
-        fd, fi, fl = fd[sel], fi[sel], fl[sel]
-    order = np.lexsort((fi, -fd))  # farther first, then the lower row: the same order whatever the grid
-    return fd[order], fi[order], fl[order]
 
 
 def lloyd_partial(blk: Any, centers: Any, w: Any = None, *, stream: Any = None) -> dict[str, Any]:

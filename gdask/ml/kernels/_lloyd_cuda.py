@@ -316,8 +316,6 @@ def stats(blk: Any, cf: np.ndarray, w: Any, stream: Any) -> dict[str, Any]:
     """Run the per-size pass on ``blk`` (a float block of :func:`gdask.ml.kernels._cuda_common.float_block`)
     for the float64 centers ``cf``: the dict of ``_kmeans_cuda._stats_run`` (``sums``, ``counts``,
     ``totals``, ``far``)."""
-    from gdask.ml.kernels._kmeans_cuda import _select_far, _weights
-
     xp = cuc.array_module_of(blk)
     n, d = blk.shape
     dt = blk.dtype
@@ -335,7 +333,7 @@ def stats(blk: Any, cf: np.ndarray, w: Any, stream: Any) -> dict[str, Any]:
     cmax2 = float((cf * cf).sum(1).max())
     kern = cuc.kernel("lloyd-pass", dt, (d, k, tpb, SEG, w is not None))
     with cuc.stream_scope(xp, stream):
-        wv = _weights(xp, w, n)
+        wv = cuc.weights_vector(xp, w, n)
         part_sums = xp.zeros(nseg * k * d, np.float64)
         part_counts = xp.zeros(nseg * k, np.float64)
         part_tot = xp.zeros(nseg * 2, np.float64)
@@ -351,7 +349,7 @@ def stats(blk: Any, cf: np.ndarray, w: Any, stream: Any) -> dict[str, Any]:
         out["sums"] = cuc.sum_partials(xp, part_sums, nseg, k * d, stream)
         out["counts"] = cuc.sum_partials(xp, part_counts, nseg, k, stream)
         out["totals"] = cuc.to_host(cuc.sum_partials(xp, part_tot, nseg, 2, stream))
-        out["far"] = _select_far(cuc.to_host(far_d), cuc.to_host(far_i), cuc.to_host(far_l), min(q, n))
+        out["far"] = cuc.select_far(cuc.to_host(far_d), cuc.to_host(far_i), cuc.to_host(far_l), min(q, n))
     return out
 
 
