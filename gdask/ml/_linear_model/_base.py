@@ -68,7 +68,7 @@ class LinearModel(RegressorMixin, BaseEstimator):
         coef = np.asarray(to_numpy(self.coef_), dtype=np.float64)
         intercept = np.asarray(to_numpy(self.intercept_), dtype=np.float64)
         if coef.ndim == 1:
-            out = G.map_blocks(_predict_1d, coef, float(intercept), dtype=G.dtype, ncols=None,
+            out = G.map_blocks(_predict_1d, coef, float(intercept.reshape(-1)[0]), dtype=G.dtype, ncols=None,
                                name=f"{type(self).__name__.lower()}-predict")
         else:
             out = G.map_blocks(_predict_2d, coef, np.broadcast_to(intercept, coef.shape[:1]).copy(), dtype=G.dtype,
