@@ -28,7 +28,6 @@ from typing import Any, Iterator
 import pytest
 
 _HERE = Path(__file__).resolve().parent
-_PREFIX = "tests/peers/suites.py::"
 _MISSING = object()
 
 
@@ -185,12 +184,22 @@ class Tracker:
     def __init__(self, table: types.ModuleType) -> None:
         self.suites = {s.module.replace(".", "/") + ".py": s for s in table.SUITES}
         self.counts: dict[str, Counter] = {k: Counter() for k in self.suites}
+        self.keys: dict[str, str] = {}  # node id -> suite, for the reports
 
     def _suite_of(self, nodeid: str) -> str | None:
-        if not nodeid.startswith(_PREFIX):
+        return self.keys.get(nodeid)
+
+    def _key_of(self, item: Any) -> str | None:
+        """The suite of a collected item: that of its peer module. (Not read from the node id, which
+        starts with the module's path when the peer is installed under the rootdir, as in a virtual
+        environment inside the checkout.)"""
+        mod = item.getparent(PeerModule)
+        suite = getattr(mod, "suite", None)
+        if suite is None:
             return None
-        key = nodeid[len(_PREFIX):].split("::", 1)[0]
-        return key if key in self.suites else None
+        key = suite.module.replace(".", "/") + ".py"
+        self.keys[item.nodeid] = key
+        return key
 
     def _keep(self, item: Any, suite: Any) -> bool:
         targets = {n for names in suite.swap.values() for n in names}
@@ -207,7 +216,7 @@ class Tracker:
     def pytest_collection_modifyitems(self, session: Any, config: Any, items: list) -> None:
         kept, dropped = [], []
         for item in items:
-            key = self._suite_of(item.nodeid)
+            key = self._key_of(item)
             if key is None:
                 kept.append(item)
                 continue
