@@ -407,10 +407,17 @@ class Entries:
         e.release_claim(ev)
         return False
 
-    def land(self, key: Key, e: Entry, ok: bool) -> None:
+    def land(self, key: Key, e: Entry, ok: bool, pending: tuple | None = None) -> None:
         """The copy of ``e``'s load ended (``ok``: it succeeded): the block is on the device, unless
-        it was deleted meanwhile; readers waiting for it go on."""
-        dev, _, ev = e.pending
+        it was deleted meanwhile; readers waiting for it go on. ``pending`` is the load the caller
+        copied: when another load of the block landed first, this one only ends (its buffer is
+        dropped) and the block keeps the copy that landed."""
+        pending = e.pending if pending is None else pending
+        if e.pending is not pending:
+            self.inflight_bytes -= e.nbytes
+            pending[2].set()
+            return
+        dev, _, ev = pending
         e.pending = None
         self.inflight_bytes -= e.nbytes
         if ok:

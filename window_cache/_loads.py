@@ -158,13 +158,17 @@ def complete_load(entries: Entries, key: Key, e: Entry) -> None:
     """The host->device copy of a load whose buffer was allocated (``e.pending``), without the lock;
     then the block lands on the device. Called once per load, by its owner (a reader or the prefetch
     thread)."""
-    dev, host, _ = e.pending
+    with entries.locked():
+        pending = e.pending
+    if pending is None:  # this load already landed (another owner completed it)
+        return
+    dev, host, _ = pending
     try:
         entries.tier.copy_to_device(dev, host)
     except BaseException:
         with entries.locked():
-            entries.land(key, e, ok=False)
+            entries.land(key, e, ok=False, pending=pending)
         raise
     del dev, host
     with entries.locked():
-        entries.land(key, e, ok=True)
+        entries.land(key, e, ok=True, pending=pending)

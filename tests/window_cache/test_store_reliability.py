@@ -139,7 +139,7 @@ def test_an_allocation_that_never_fits_names_the_sizes():
     busy = s[("x", 0)]
     other = dev.asarray(np.ones(BLOCK, np.float32))  # neither can be moved off
     with dask.config.set({"gdask.timeouts.memory": 0.2}):
-        with pytest.raises(DeviceMemoryError, match=r"a test allocation of 256.00 kiB.*after 0.2 s.*window cache "
+        with pytest.raises(DeviceMemoryError, match=r"a test allocation needing 256.00 kiB.*after 0.2 s.*window cache "
                                                     r"holds 256.00 kiB in 1 blocks \(256.00 kiB of them read"):
             dev.with_room(NB, lambda: dev.pool.empty(BLOCK, np.float32), "a test allocation")
     del busy, other
