@@ -98,8 +98,8 @@ class TruncatedSVD(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstima
         k = int(self.n_components)
         if self.algorithm == "arpack":
             if k >= min(n, d):
-                raise ValueError(f"n_components must be < min(n_samples, n_features)={min(n, d)} with "
-                                 f"algorithm='arpack', got {k}")
+                raise ValueError(f"n_components must be < min(n_samples, n_features) with algorithm='arpack' "
+                                 f"(n_samples={n}, n_features={d}), got {k}")
             S, Vt, var, full_var, mode = self._exact(G, k)
         else:
             if k > d:
