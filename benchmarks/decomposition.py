@@ -16,6 +16,7 @@ writes the table; ``--quick`` is a small run.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import warnings
 
 import _common
@@ -44,7 +45,6 @@ def compare(model, ref):
 
 
 def fits(X, G, dX, k, skip):
-    import dask_ml.decomposition as dmd
     import sklearn.decomposition as skd
 
     import gdask.ml as gm
@@ -64,7 +64,9 @@ def fits(X, G, dX, k, skip):
         out["scikit-learn PCA covariance_eigh"] = sk(lambda: skd.PCA(k, svd_solver="covariance_eigh"))
         out["scikit-learn PCA randomized"] = sk(lambda: skd.PCA(k, svd_solver="randomized", random_state=0))
         out["scikit-learn TruncatedSVD"] = sk(lambda: skd.TruncatedSVD(k, random_state=0))
-    if "dask-ml" not in skip:
+    if "dask-ml" not in skip and importlib.util.find_spec("dask_ml") is not None:  # gdask[bench]
+        import dask_ml.decomposition as dmd
+
         out["dask-ml PCA full (tsqr)"] = lambda: dmd.PCA(k, svd_solver="full").fit(dX)
         out["dask-ml PCA randomized"] = lambda: dmd.PCA(k, svd_solver="randomized", random_state=0).fit(dX)
         out["dask-ml TruncatedSVD"] = lambda: dmd.TruncatedSVD(k, algorithm="randomized", random_state=0).fit(dX)

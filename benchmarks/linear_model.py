@@ -17,6 +17,7 @@ relative difference of the coefficients from scikit-learn's. ``--json PATH`` wri
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import warnings
 
 import _common
@@ -37,7 +38,6 @@ def compare(model, ref):
 
 
 def fits(X, y, G, Y, dX, dy, alpha, lasso_alpha, skip):
-    import dask_ml.linear_model as dml
     import sklearn.linear_model as skl
 
     import gdask.ml as gm
@@ -58,7 +58,9 @@ def fits(X, y, G, Y, dX, dy, alpha, lasso_alpha, skip):
         out["scikit-learn LinearRegression"] = sk(skl.LinearRegression)
         out["scikit-learn Ridge"] = sk(lambda: skl.Ridge(alpha))
         out["scikit-learn Lasso"] = sk(lambda: skl.Lasso(lasso_alpha))
-    if "dask-ml" not in skip:
+    if "dask-ml" not in skip and importlib.util.find_spec("dask_ml") is not None:  # gdask[bench]
+        import dask_ml.linear_model as dml
+
         out["dask-ml LinearRegression (none)"] = lambda: dml.LinearRegression(penalty=None, solver="lbfgs",
                                                                              max_iter=200).fit(dX, dy)
         out["dask-ml LinearRegression (l2)"] = lambda: dml.LinearRegression(penalty="l2", C=1 / alpha,
