@@ -19,6 +19,9 @@ which pins the supported range), not many:
   task's inputs and marks the reads that assemble them). ``execute`` is the abstract method of
   distributed's ``BaseWorker`` that the worker state machine calls for every task; there is no hook
   around it.
+* :func:`event_topics` / :func:`forget_events`: the events a scheduler keeps of one topic (``Scheduler.log_event`` stores
+  every event of a topic, for ``Client.get_events``, and never drops a topic; distributed's only
+  clean-up is per client, after the client left).
 
 Nothing else in gdask reads or writes an underscored attribute of a distributed object
 (``tests/test_layering.py`` checks it).
@@ -31,7 +34,7 @@ from typing import Any, Callable, ContextManager
 #: the distributed releases gdask is tested with (inclusive lower, exclusive upper bound)
 SUPPORTED_DISTRIBUTED = ("2025.1", "2027.1")
 
-__all__ = ["SUPPORTED_DISTRIBUTED", "run_async", "run_sync", "set_executor", "set_worker_data", "wait_for_signals",
+__all__ = ["SUPPORTED_DISTRIBUTED", "event_topics", "forget_events", "run_async", "run_sync", "set_executor", "set_worker_data", "wait_for_signals",
            "wrap_execute", "wrap_transfer_handler"]
 
 
@@ -112,3 +115,26 @@ def wrap_execute(worker: Any, wrapper: Callable[..., Any]) -> Callable[[], None]
             worker.execute = original
 
     return undo
+
+
+def event_topics(scheduler: Any) -> list[str]:
+    """The names of every event topic ``scheduler`` has (with events or subscribers)."""
+    return list(scheduler._broker._topics)
+
+
+def forget_events(scheduler: Any, topic: str, *, unsubscribe: str | None = None, drop: bool = False) -> bool:
+    """Drop the events ``scheduler`` keeps of ``topic`` (those it already sent to the topic's
+    subscribers); ``unsubscribe``: a client to take off the topic's subscribers first; ``drop``: also
+    the topic itself, when no client subscribes to it any more. Whether the scheduler has no such
+    topic now. Never makes a topic (``Scheduler.unsubscribe_topic`` does, for a name it lacks)."""
+    broker = scheduler._broker
+    kept = broker._topics.get(topic)
+    if kept is None:
+        return True
+    if unsubscribe is not None:
+        kept.unsubscribe(unsubscribe)
+    kept.truncate()
+    if drop and not kept.subscribers:
+        del broker._topics[topic]
+        return True
+    return False

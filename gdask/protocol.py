@@ -9,12 +9,13 @@ from __future__ import annotations
 
 __all__ = [
     "ANN_GPU", "ANN_JOB", "ANN_JOB_KIND", "ANN_JOB_SECRET",
-    "EVENT_JOB_TASK",
+    "EVENT_JOB_TASK", "EVENT_LOOP_PREFIX",
     "HANDLER_COLLECTIVE", "HANDLER_COLLECTIVE_ABORT", "HANDLER_DEVICE_TABLE", "HANDLER_EXECUTION_LOG", "HANDLER_JOBS",
-    "HANDLER_JOB_CLOSE", "HANDLER_JOB_OPEN", "HANDLER_OBSERVE", "HANDLER_PLACEMENT_STATS", "HANDLER_STATE",
+    "HANDLER_JOB_CLOSE", "HANDLER_JOB_OPEN", "HANDLER_LOOP_EVENTS_DONE", "HANDLER_OBSERVE", "HANDLER_PLACEMENT_STATS",
+    "HANDLER_STATE",
     "METRIC_DEVICE", "METRIC_NVML", "METRIC_STREAMS", "METRIC_WINDOW",
     "PLUGIN_COLLECTIVE", "PLUGIN_DASHBOARD", "PLUGIN_DEVICE", "PLUGIN_EXECUTION_LOG", "PLUGIN_JOBS",
-    "PLUGIN_JOB_MONITOR", "PLUGIN_PLACEMENT", "PLUGIN_RESIDENCY", "PLUGIN_WINDOW_CACHE",
+    "PLUGIN_JOB_MONITOR", "PLUGIN_LOOP_EVENTS", "PLUGIN_PLACEMENT", "PLUGIN_RESIDENCY", "PLUGIN_WINDOW_CACHE",
 ]
 
 # -- plugins (``plugin.name``: one instance per scheduler / worker) ----------------------------------
@@ -36,6 +37,8 @@ PLUGIN_COLLECTIVE = "gdask-collective"
 PLUGIN_WINDOW_CACHE = "gdask-window-cache"
 #: scheduler: keeps a block's replica on the worker whose device holds it (active memory manager)
 PLUGIN_RESIDENCY = "gdask-residency"
+#: scheduler: keeps no copy of the checkpoint events of loops on the workers, drops their topics at the end
+PLUGIN_LOOP_EVENTS = "gdask-loop-events"
 
 # -- worker metrics (``worker.metrics[name]``, in ``WorkerState.metrics`` every heartbeat) -----------
 #: the device: spec, memory budget and use, transfers, busy time (a flat dict of scalars)
@@ -63,6 +66,8 @@ ANN_JOB_SECRET = "gdask_job_secret"
 # -- events (``worker.log_event(topic, msg)`` -> ``SchedulerPlugin.log_event``) ----------------------
 #: per-task measurement of a job task (duration, co-runners, device usage)
 EVENT_JOB_TASK = "gdask-job-task"
+#: the topics of loops on the workers (one per fit: the prefix and the fit's token): rank 0's checkpoints
+EVENT_LOOP_PREFIX = "gdask-loop-"
 
 # -- RPC handlers -------------------------------------------------------------------------------------
 #: scheduler: device table rows
@@ -77,6 +82,8 @@ HANDLER_OBSERVE = "gdask_observe"
 HANDLER_JOB_OPEN = "gdask_job_open"
 HANDLER_JOB_CLOSE = "gdask_job_close"
 HANDLER_JOBS = "gdask_jobs"
+#: scheduler: a fit's loop on the workers ended: drop its event topic
+HANDLER_LOOP_EVENTS_DONE = "gdask_loop_events_done"
 #: worker: a message of a loop on the workers / stop a loop
 HANDLER_COLLECTIVE = "gdask_collective"
 HANDLER_COLLECTIVE_ABORT = "gdask_collective_abort"

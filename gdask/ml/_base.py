@@ -304,6 +304,13 @@ class DeviceEstimatorMixin:
 
     #: what ``_input`` turns non-float data into (float16 always becomes float32)
     _ints_to: Any = np.float64
+    #: gdask's own fitted diagnostics (``history_``, ``fit_mode_``, timings): documented and readable, but not
+    #: listed by ``dir()``, so that the fitted attributes a tool finds by listing (dask-ml's
+    #: ``assert_estimator_equal``, tab completion of ``*_``) are exactly scikit-learn's
+    _diagnostics: tuple[str, ...] = ()
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) - set(self._diagnostics))
 
     # -- input ---------------------------------------------------------------------------------------
     def _input(self, X: Any, *, reset: bool, ndim: int | tuple[int, ...] | None = 2,

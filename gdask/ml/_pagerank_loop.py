@@ -124,7 +124,8 @@ def _rank_sweeps(comm: Any, blocks: list, out: np.ndarray, bounds: np.ndarray, d
         if change <= tol * total:
             converged = True
             break
-    return {"y": y if comm.rank == 0 else None, "n_iter": it, "converged": converged, "history": history}
+    # every rank holds the whole y (the same bits): the client fetches one rank's result
+    return {"y": y, "n_iter": it, "converged": converged, "history": history}
 
 
 def _place(client: Any, P: Prepared) -> tuple[list[str], list[tuple]]:
@@ -158,7 +159,7 @@ def run_sweeps(client: Any, P: Prepared, *, damping: float, tol: float, max_iter
             peers, args = _place(client, P)
             res = run_on_workers(client, _rank_sweeps, peers,
                                  [(blocks, out, P.bounds, damping, tol, max_iter, descending) for blocks, out in args],
-                                 name="pagerank-sweeps")
+                                 name="pagerank-sweeps", same_results=True)
         except (CollectiveError, OSError) as e:  # OSError: a worker gone while its blocks were sent
             if restarts >= max_restarts:
                 raise

@@ -17,7 +17,7 @@ from distributed import wait
 from distributed.client import FutureCancelledError
 
 from gdask import config
-from gdask.gdataset.collective._worker import CollectiveError, CollectivePlugin, abort_on_worker, rank_task
+from gdask.gdataset.collective._worker import CollectiveError, CollectivePlugin, Stopped, abort_on_worker, rank_task
 from gdask.scheduling import ensure_plugins
 
 logger = logging.getLogger("gdask.gdataset")
@@ -27,16 +27,19 @@ __all__ = ["run_on_workers"]
 
 def run_on_workers(client: Any, func: Callable[..., Any], peers: Sequence[str], args: Sequence[tuple],
                    *, name: str = "loop", poll: float = 0.1, on_poll: Callable[[], None] | None = None,
-                   check_workers: float = 1.0) -> list[Any]:
+                   check_workers: float = 1.0, same_results: bool = False) -> list[Any]:
     """Run ``func(comm, *args[r])`` as one task per rank ``r`` on worker ``peers[r]``, all at once;
     their results in rank order.
 
     ``args`` may hold Dask collections and futures (e.g. persisted blocks): they arrive computed,
     and blocks already on ``peers[r]`` are not moved. ``on_poll()`` is called in this thread every
     ``poll`` seconds while the tasks run (e.g. to show progress they send); whether a peer left the
-    cluster is checked every ``check_workers`` seconds. Raises :class:`CollectiveError` if the loop
-    did not run to its end (a task raised, a worker left, or a task could not start within
-    ``gdask.collective.start-timeout``); every task still running is then told to stop.
+    cluster is checked every ``check_workers`` seconds. ``same_results``: every rank returns the
+    whole result (e.g. all-gathered at its end), so one rank's result is fetched, from a worker
+    still there, and returned as a one-item list: a worker lost after its task finished costs
+    nothing. Raises :class:`CollectiveError` if the loop did not run to its end (a task stopped or
+    raised, a worker left, or a task could not start within ``gdask.collective.start-timeout``);
+    every task still running is then told to stop. The tasks are released when this returns.
     """
     ensure_plugins(client, extra=(CollectivePlugin(),), standard=False)
     start_timeout = float(config.get("collective.start-timeout", 10))
@@ -46,8 +49,9 @@ def run_on_workers(client: Any, func: Callable[..., Any], peers: Sequence[str], 
     peers = list(peers)
     futures = []
     for r, (addr, a) in enumerate(zip(peers, args)):
-        task = dask.delayed(rank_task, pure=False)(token, r, peers, start_timeout, timeout, func, *a,
-                                               dask_key_name=f"{name}-{token}-{r}")
+        key = f"{name}-{token}-{r}"
+        task = dask.delayed(rank_task, pure=False)(key, token, r, peers, start_timeout, timeout, func, *a,
+                                               dask_key_name=key)
         futures.append(client.compute(task, workers=[addr], allow_other_workers=False))
     next_check = time.monotonic() + check_workers
     try:
@@ -64,39 +68,59 @@ def run_on_workers(client: Any, func: Callable[..., Any], peers: Sequence[str], 
                 raise CollectiveError(f"{name} on the workers failed: {exc!r}") from (
                     exc if isinstance(exc, BaseException) else None)
             if all(f.status == "finished" for f in futures):
-                return _results(futures, start_timeout, name)
+                return _results(client, futures, peers, start_timeout, name, same_results)
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + check_workers
-                gone = set(peers) - set(client.scheduler_info(n_workers=-1)["workers"])
+                gone = set(peers) - _workers(client)
                 if gone:
                     raise CollectiveError(f"{name} on the workers lost worker(s) {sorted(gone)}")
     except BaseException as e:
         _stop(client, token, peers, futures, f"stopped by the client: {e!r}")
         raise
+    finally:
+        client.cancel(futures)  # released: a result lost with its worker is not recomputed
 
 
-def _results(futures: list, timeout: float, name: str) -> list[Any]:
-    """The finished tasks' results, each fetched within ``timeout`` seconds: a result lost with its
-    worker after the task finished cannot come back (the task may run on that worker only), and
-    ``client.gather`` would wait for it forever."""
-    out = []
-    for rank, f in enumerate(futures):
+def _workers(client: Any) -> set[str]:
+    return set(client.scheduler_info(n_workers=-1)["workers"])
+
+
+def _results(client: Any, futures: list, peers: list[str], timeout: float, name: str, same: bool) -> list[Any]:
+    """The finished tasks' results, each fetched within ``timeout`` seconds (a result lost with its
+    worker after the task finished cannot come back: the task may run on that worker only, and
+    ``client.gather`` would wait for it forever). ``same``: the first result that comes back, from a
+    worker still there. A rank that stopped (:class:`Stopped`) ends the loop with its reason."""
+    ranks = list(range(len(futures)))
+    if same:  # ranks on workers still there first; each tried briefly before any is waited for in full
+        alive = _workers(client)
+        ranks.sort(key=lambda r: peers[r] not in alive)
+        ranks = [(r, min(1.0, timeout)) for r in ranks] + [(r, timeout) for r in ranks]
+    else:
+        ranks = [(r, timeout) for r in ranks]
+    out, lost = [], None
+    for rank, limit in ranks:
         try:
-            out.append(f.result(timeout=timeout))
+            res = futures[rank].result(timeout=limit)
         except (TimeoutError, FutureCancelledError) as e:
-            raise CollectiveError(f"{name} on the workers: the result of rank {rank} was lost with its worker "
-                                  f"({type(e).__name__}; not back within {timeout:g} s)") from None
+            lost = CollectiveError(f"{name} on the workers: the result of rank {rank} was lost with its worker "
+                                   f"({type(e).__name__}; not back within {limit:g} s)")
+            if same:
+                continue
+            raise lost from None
+        if isinstance(res, Stopped):
+            raise CollectiveError(f"{name} on the workers stopped: {res.reason}")
+        out.append(res)
+        if same:
+            return out
+    if lost is not None:
+        raise lost
     return out
 
 
 def _stop(client: Any, token: str, peers: list[str], futures: list, reason: str) -> None:
-    alive = set(peers)
     try:
-        alive &= set(client.scheduler_info(n_workers=-1)["workers"])
+        alive = set(peers) & _workers(client)
         if alive:
             client.run(abort_on_worker, token, reason, workers=sorted(alive), on_error="ignore")
     except Exception as e:  # noqa: BLE001 - the cluster may be going away
         logger.debug("could not stop loop %s on the workers: %r", token, e)
-    client.cancel(futures)
-
-

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from distributed import WorkerPlugin, get_worker
@@ -21,8 +22,8 @@ from gdask import protocol
 
 logger = logging.getLogger("gdask.gdataset")
 
-__all__ = ["CollectiveError", "CollectivePlugin", "Communicator", "Mailbox", "abort_on_worker", "mailbox",
-           "rank_task"]
+__all__ = ["CollectiveError", "CollectivePlugin", "Communicator", "Mailbox", "Stopped", "abort_on_worker",
+           "mailbox", "rank_task"]
 
 _MAX_KEPT = 1024
 
@@ -48,6 +49,8 @@ class Mailbox:
         self.box: dict[tuple[str, int, int], dict[int, Any]] = {}  # (loop, step, to rank) -> {from: value}
         self.aborted: OrderedDict[str, str] = OrderedDict()  # loop token -> why it was stopped
         self.finished: OrderedDict[tuple[str, int], None] = OrderedDict()  # ranks that ended: late messages dropped
+        self.running: dict[Any, str] = {}  # task key of a rank running here -> its loop's token
+        self.cancelled: OrderedDict[str, None] = OrderedDict()  # loops stopped because a task of theirs was cancelled
 
     def deliver(self, token: str, step: int, dest: int, src: int, data: Any) -> None:
         with self.cond:
@@ -61,9 +64,25 @@ class Mailbox:
             _remember(self.aborted, token, reason)
             self.cond.notify_all()
 
-    def finish(self, token: str, rank: int) -> None:
+    def started(self, key: Any, token: str) -> None:
+        with self.cond:
+            self.running[key] = token
+
+    def cancel(self, key: Any) -> None:
+        """The task ``key`` was released while it ran (its client left, or cancelled it): if it is a
+        rank of a loop, stop the loop's ranks here (unless something stopped them already)."""
+        with self.cond:
+            token = self.running.get(key)
+            if token is None or token in self.aborted:
+                return
+            _remember(self.aborted, token, f"its task {key!r} was cancelled (its client left or released it)")
+            _remember(self.cancelled, token, None)
+            self.cond.notify_all()
+
+    def finish(self, token: str, rank: int, key: Any = None) -> None:
         with self.cond:
             _remember(self.finished, (token, rank), None)
+            self.running.pop(key, None)
             for key in [k for k in self.box if k[0] == token and k[2] == rank]:
                 del self.box[key]
 
@@ -79,7 +98,9 @@ class Mailbox:
 
 class CollectivePlugin(WorkerPlugin):
     """Gives every worker (also ones that join later) the :class:`Mailbox` of loops on the workers and
-    its message handlers."""
+    its message handlers, and stops a loop's ranks on this worker when one of its tasks is cancelled
+    while it runs (distributed cannot interrupt a running task: its client's death, or ``cancel``,
+    would leave the loop running to its end, holding its blocks)."""
 
     name = protocol.PLUGIN_COLLECTIVE
     idempotent = True
@@ -96,6 +117,10 @@ class CollectivePlugin(WorkerPlugin):
     def setup(self, worker: Any) -> None:
         worker.handlers[protocol.HANDLER_COLLECTIVE] = self.mailbox.handle
         worker.handlers[protocol.HANDLER_COLLECTIVE_ABORT] = self.mailbox.handle_abort
+
+    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        if start in ("executing", "long-running") and finish in ("released", "cancelled", "forgotten"):
+            self.mailbox.cancel(key)
 
 
 def mailbox(worker: Any) -> Mailbox:
@@ -123,6 +148,12 @@ class Communicator:
         self._step = 0
         self.worker = get_worker()  # the distributed.Worker this task runs on
         self.mailbox = mailbox(self.worker)
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether the loop stopped because one of its tasks was cancelled (its client is gone, or
+        released the fit): nobody will resume it, so its state can go."""
+        return self.token in self.mailbox.cancelled
 
     def _send(self, addr: str, handler: str, **msg: Any):
         worker = self.worker
@@ -183,21 +214,35 @@ class Communicator:
                 logger.debug("could not tell %s to stop loop %s: %r", addr, self.token, e)
 
 
-def rank_task(token: str, rank: int, peers: list[str], start_timeout: float, timeout: float | None,
+@dataclass(frozen=True)
+class Stopped:
+    """What a rank's task returns when its loop stopped (a peer failed or left, the client stopped it,
+    its task was cancelled): an expected end, which the client turns into :class:`CollectiveError`,
+    not an error for the worker to log."""
+
+    reason: str
+
+
+def rank_task(key: Any, token: str, rank: int, peers: list[str], start_timeout: float, timeout: float | None,
               func: Callable[..., Any], *args: Any) -> Any:
-    """The task of rank ``rank`` of a loop on the workers: ``func(comm, *args)`` once every rank runs;
-    a rank that fails (or is stopped) tells the others to stop."""
+    """The task ``key`` of rank ``rank`` of a loop on the workers: ``func(comm, *args)`` once every rank
+    runs; a rank that fails (or is stopped, or whose task is cancelled) tells the others to stop. A
+    stopped rank returns :class:`Stopped`; any other exception is raised."""
     comm = Communicator(token, rank, peers, timeout)
+    comm.mailbox.started(key, token)
     try:
         # every task must be running before any waits for another's work: a worker still busy
         # with other tasks ends the loop now (the caller falls back) instead of stalling it
         comm.allgather(None, timeout=start_timeout)
         return func(comm, *args)
-    except BaseException as e:  # a rank that starts after the loop was stopped raises in its first allgather
-        comm.abort(str(e) if isinstance(e, CollectiveError) else f"rank {rank} raised {e!r}")
+    except CollectiveError as e:  # a rank that starts after the loop was stopped stops in its first allgather
+        comm.abort(str(e))
+        return Stopped(f"rank {rank}: {e}")
+    except BaseException as e:
+        comm.abort(f"rank {rank} raised {e!r}")
         raise
     finally:
-        comm.mailbox.finish(token, rank)
+        comm.mailbox.finish(token, rank, key)
 
 
 def abort_on_worker(token: str, reason: str, dask_worker: Any = None) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import pickle
-import queue
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -34,10 +33,11 @@ from gdask.gdataset._core import GDataSet, _Operands, device_layer
 from gdask.gdataset.collective import CollectiveError, run_on_workers
 from gdask.gdataset.engine import _worker
 from gdask.gdataset.engine._api import Blocks, IterativeAlgorithm, LoopContext, pass_name
+from gdask.gdataset.engine._events import CheckpointEvents, LoopEvents, loop_topic
 from gdask.gdataset.engine._plan import Situation
 from gdask.gdataset.engine._records import Records
 from gdask.gdataset.locality import block_places, default_client_or_none, persisted_futures
-from gdask.scheduling import report_work
+from gdask.scheduling import ensure_plugins, report_work
 from gdask.window_cache import scan
 from gdask.window_cache import stats as window_stats
 
@@ -230,31 +230,6 @@ def _rank_blocks(datasets: dict, groups: list[list[int]], workers: dict[int, str
     return mine
 
 
-class _CheckpointEvents:
-    """The checkpoints rank 0 sends on the loop's topic, handed to the fit's records in this thread
-    (in order, once each) whenever :meth:`drain` is called."""
-
-    def __init__(self, client: Any, topic: str, records: Records) -> None:
-        self.client = client
-        self.topic = topic
-        self.records = records
-        self.events: queue.Queue = queue.Queue()
-        client.subscribe_topic(topic, lambda event: self.events.put(pickle.loads(event[1]["checkpoint"])))
-
-    def drain(self) -> None:
-        while True:
-            try:
-                it, st, rec = self.events.get_nowait()
-            except queue.Empty:
-                return
-            self.records.newer(it, st, rec)
-
-    def close(self) -> None:
-        self.drain()
-        self.client.unsubscribe_topic(self.topic)
-        self.drain()
-
-
 def run_workers_loop(algorithm: IterativeAlgorithm, datasets: dict, groups: list[list[int]],
                      workers: dict[int, str], client: Any, token: str, records: Records,
                      lazy: bool = False) -> WorkersOutcome:
@@ -266,15 +241,16 @@ def run_workers_loop(algorithm: IterativeAlgorithm, datasets: dict, groups: list
     nblocks = next(g.nblocks for g in datasets.values() if g is not None)
     mine = _rank_blocks(datasets, groups, workers, client, lazy)
     peers = sorted(mine)
-    topic = f"gdask-loop-{token}"
+    ensure_plugins(client, extra=(LoopEvents(),), standard=False)
+    topic = loop_topic(token)
     start = records.resume
     tasks = [(algorithm, _worker.RankTask(mine[a], names, nblocks, token, start.iteration, start.state, topic, lazy))
              for a in peers]
-    events = _CheckpointEvents(client, topic, records)
+    events = CheckpointEvents(client, topic, records)
     try:
         try:
             results = run_on_workers(client, _worker.driver_on_worker, peers, tasks, name=algorithm.name,
-                                     on_poll=events.drain)
+                                     on_poll=events.drain, same_results=True)
         except CollectiveError:
             # where the fit resumes: the checkpoints the events brought, and the newest one the
             # survivors kept (the failure may overtake their last events on the way here)
@@ -285,13 +261,9 @@ def run_workers_loop(algorithm: IterativeAlgorithm, datasets: dict, groups: list
         events.close()
     r0 = results[0]
     records.fill(r0.iteration, r0.state)  # records the events did not bring in time
-    finals = None
-    if r0.finals is not None:
-        merged = {b: v for r in results for b, v in r.finals.items()}
-        finals = [merged[b] for b in sorted(merged)]
+    finals = None if r0.finals is None else [r0.finals[b] for b in sorted(r0.finals)]
     try:
-        report_work(client, [(kind, nbytes, addr, sec) for addr, r in zip(peers, results)
-                             for kind, nbytes, sec in r.observed])
+        report_work(client, r0.observed)
     except Exception as e:  # noqa: BLE001 - the fit is done: a scheduler that cannot take this loses nothing
         logger.debug("could not report the passes' durations to the placement plugin: %r", e)
     return WorkersOutcome(r0.state, finals, r0.iteration)

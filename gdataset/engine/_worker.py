@@ -233,13 +233,14 @@ class RankTask:
 
 @dataclass
 class RankResult:
-    """What one rank's task returns: the driver's final ``state`` and ``iteration`` count, the final
-    pass's per-block results of its blocks (``finals``: ``{block: result}`` or None) and the device
-    work it ``observed`` (``[(kind, bytes, seconds)]``, for the placement plugin)."""
+    """What one rank's task returns (every rank the same): the driver's final ``state`` and
+    ``iteration`` count, the final pass's per-block results of every rank's blocks (``finals``:
+    ``{block: result}`` or None) and the device work the ranks ``observed`` (``[(kind, bytes, worker
+    address, seconds)]``, for the placement plugin)."""
 
     state: Any
     finals: dict[int, Any] | None
-    observed: list[tuple[str, int, float]]
+    observed: list[tuple[str, int, str, float]]
     iteration: int
 
 
@@ -252,10 +253,19 @@ def driver_on_worker(comm: Any, algorithm: IterativeAlgorithm, task: RankTask) -
         owned = [(b, dict(zip(task.names, arrays))) for b, arrays in task.mine]
     ctx = WorkersContext(comm, owned, task.names, task.nblocks, task.token, task.iteration, task.topic,
                          streaming=task.lazy)
-    state = algorithm.run(task.state, ctx)
-    finals = None
+    try:
+        state = algorithm.run(task.state, ctx)
+    except CollectiveError:
+        if comm.cancelled:  # the client is gone (or released the fit): nobody resumes from this state
+            drop_on_worker(task.token, comm.worker)
+        raise
+    mine = None
     spec = algorithm.final(state)
     if spec is not None:
         func, args, kwargs = spec
-        finals = dict(ctx.each_block(func, args, kwargs))
-    return RankResult(state, finals, ctx.observed, ctx.iteration)
+        mine = dict(ctx.each_block(func, args, kwargs))
+    # every rank returns the whole result (the client fetches one, from a worker still there)
+    address = comm.worker.address
+    everything = comm.allgather((mine, [(kind, nbytes, address, sec) for kind, nbytes, sec in ctx.observed]))
+    finals = None if spec is None else {b: v for part, _ in everything for b, v in part.items()}
+    return RankResult(state, finals, [o for _, obs in everything for o in obs], ctx.iteration)

@@ -105,7 +105,12 @@ class KMeans(DeviceEstimatorMixin, ClassNamePrefixFeaturesOutMixin, ClusterMixin
         The per-iteration records (as given to ``callback``).
     fit_mode_ : str
         Where the loop ran: "workers", "client" or "stream".
+
+    The timings, ``history_`` and ``fit_mode_`` are gdask's diagnostics: readable as attributes but not listed
+    by ``dir()``, so the listed fitted attributes are scikit-learn's.
     """
+
+    _diagnostics = ("iteration_times_", "history_", "fit_mode_")
 
     def __init__(self, n_clusters: int = 8, *, init: Any = "k-means||", n_init: Any = "auto", max_iter: int = 300,
                  tol: float = 1e-4, verbose: bool | int = False, random_state: Any = None, copy_x: bool = True,

@@ -121,12 +121,17 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
     fit_mode_ : str
         Where the loop ran: "workers", "client" or "stream".
 
+    The timings, ``history_`` and ``fit_mode_`` are gdask's diagnostics: readable as attributes but not listed
+    by ``dir()``, so the listed fitted attributes are scikit-learn's.
+
     Examples
     --------
     >>> X = gdask.from_array(x, block_rows=250_000)
     >>> clf = gdask.ml.LogisticRegression(C=1.0).fit(X, y)
     >>> clf.predict_proba(X[:10])     # doctest: +SKIP
     """
+
+    _diagnostics = ("pass_times_", "history_", "fit_mode_")
 
     def __init__(self, penalty: str | None = "l2", *, C: float = 1.0, l1_ratio: float | None = 0.0,
                  dual: bool = False, tol: float = 1e-4, fit_intercept: bool = True, intercept_scaling: float = 1,

@@ -1,0 +1,113 @@
+"""Nothing kept after a fit (issue #26): the scheduler keeps no checkpoint events or topics of loops on
+the workers, and a client that dies mid-fit leaves no loop running on the workers, no loop state and no
+topic.
+
+Before: every fit left a ``gdask-loop-<token>`` topic with one checkpoint event per iteration in the
+scheduler, and after a client was SIGKILLed its loop tasks ran on (holding their blocks) for 11-13 s.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import gdask
+import gdask.ml
+
+pytestmark = pytest.mark.timeout(240)
+
+PREFIX = "gdask-loop-"
+
+
+def _loop_topics(dask_scheduler=None) -> dict[str, int]:
+    """(on the scheduler) gdask's loop topics with events, and how many events it keeps of each."""
+    return {name: len(events) for name, events in dask_scheduler.get_events().items() if name.startswith(PREFIX)}
+
+
+def _topic_names(dask_scheduler=None) -> list[str]:
+    # every topic the scheduler has, with events or only subscribers (distributed keeps them in its broker)
+    return sorted(t for t in dask_scheduler._broker._topics if t.startswith(PREFIX))
+
+
+def _running_loops(dask_worker=None) -> list[str]:
+    """(on a worker) keys of loop tasks still running here (executing, or cancelled but still running)."""
+    return sorted(str(k) for k, ts in dask_worker.state.tasks.items()
+                  if str(k).startswith("kmeans-") and ts.state in ("executing", "cancelled", "long-running"))
+
+
+def _loop_states(dask_worker=None) -> list[str]:
+    """(on a worker) the state spaces of loops gdask keeps here: each loop's checkpoint space and the
+    space of its fit (K-means bounds), under the fit's token."""
+    from gdask.devices import context
+
+    suffix = "-engine-checkpoint"
+    tokens = context(dask_worker).state.tokens()
+    loops = [t for t in tokens if t.endswith(suffix)]
+    return sorted(loops + [t[:-len(suffix)] for t in loops if t[:-len(suffix)] in tokens])
+
+
+def test_fits_on_the_workers_leave_no_topic_or_event_on_the_scheduler(client):
+    X = np.random.default_rng(0).random((40_000, 8), dtype=np.float32)
+    G = gdask.from_array(X, block_rows=5_000).persist()
+    for _ in range(3):
+        km = gdask.ml.KMeans(4, init=X[:4], max_iter=12, tol=0).fit(G)
+        assert km.fit_mode_ == "workers" and km.n_iter_ == 12
+    assert len(km.history_) == 12  # the checkpoints reached the client
+    deadline = time.monotonic() + 10
+    while client.run_on_scheduler(_topic_names) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the client tells the scheduler without waiting
+    assert client.run_on_scheduler(_topic_names) == []
+    assert client.run_on_scheduler(_loop_topics) == {}
+
+
+VICTIM = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import gdask, gdask.ml
+    from distributed import Client
+
+    if __name__ == "__main__":
+        client = Client(sys.argv[1])
+        X = np.random.default_rng(0).random((200_000, 8), dtype=np.float32)
+        G = gdask.from_array(X, block_rows=25_000).persist()
+        print("fitting", flush=True)
+        gdask.ml.KMeans(8, init=X[:8], max_iter=1_000_000, tol=0, algorithm="lloyd").fit(G)
+""")
+
+
+def test_a_client_killed_mid_fit_leaves_no_loop_state_or_topic(tmp_path):
+    from distributed import Client
+
+    script = tmp_path / "victim.py"
+    script.write_text(VICTIM)
+    with gdask.LocalGPUCluster(n_devices=2, backend="emulated", dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        proc = subprocess.Popen([sys.executable, str(script), cluster.scheduler_address])
+        try:
+            deadline = time.monotonic() + 150
+            # the loop runs, keeps state (from its first checkpoint) and has its topic
+            while not (any(client.run(_running_loops).values()) and any(client.run(_loop_states).values())):
+                assert proc.poll() is None, "the client process ended before its fit ran on the workers"
+                assert time.monotonic() < deadline, "the fit's loop never ran on the workers"
+                time.sleep(0.1)
+            assert client.run_on_scheduler(_topic_names)
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        # the scheduler notices the dead client at once (its connection closes); the loops stop at their
+        # next exchange and drop their state
+        deadline = time.monotonic() + 5
+        while True:
+            running, states = client.run(_running_loops), client.run(_loop_states)
+            topics = client.run_on_scheduler(_topic_names)
+            if not any(running.values()) and not any(states.values()) and not topics:
+                break
+            assert time.monotonic() < deadline, f"still running {running}, states {states}, topics {topics}"
+            time.sleep(0.1)
