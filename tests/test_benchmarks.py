@@ -40,7 +40,8 @@ CASES = {
     "cycles": ["--cycles", "1", "--sharing", "0", "--rows", "20000"],
     "lstm": ["--tasks", "sine", "--rows", "600", "--test-rows", "100", "--timesteps", "6", "--hidden", "4",
              "--epochs", "2", "--batch-size", "64"],
-    "chaos": ["--quick", "--kills", "2"],
+    "chaos": ["--quick", "--runs", "2", "--scenarios", "logistic regression (capped)", "--soak", "6",
+              "--soak-limit", "100000"],
     "decomposition": ["--quick", "--rows", "3000", "--features", "8", "--components", "3"],
     "linear_model": ["--quick", "--rows", "3000", "--features", "8"],
     "mixture": ["--quick", "--rows", "3000", "--features", "3", "--components", "3"],
@@ -87,7 +88,10 @@ def _check_chaos(d):
     rows = {r["scenario"]: r for r in d["rows"]}
     kills = [r for r in d["runs"] if r["part"] == "kill"]
     assert len(kills) == 2 and all(r["restarted"] for r in kills)  # each run had its kill, the worker came back
+    assert {r["trigger"] for r in kills} == {"timer", "in-task"}
     assert {"pressure 2x: op chains", "pressure 4x: kmeans", "two jobs on one device"} <= set(rows)
+    soak = rows.pop("soak")
+    assert soak["fits"] == 6 and {r["process"] for r in soak["table"]} == {"client + scheduler", "worker 0", "worker 1"}
     for r in rows.values():  # correctness holds at any size: the figures that are not timings
         assert r["wrong"] == 0 and r["hangs"] == 0 and r["survived"] == r["runs"], r
         assert r["host_peak"] > 0
