@@ -194,6 +194,9 @@ class Job:
                 client = get_client()
             except ValueError:
                 raise ValueError("gdask.job needs a distributed Client: gdask.job(client, gpu=0.25, ...)") from None
+        elif not hasattr(client, "scheduler"):
+            raise TypeError(f"gdask.job's first argument is the distributed Client (or None: the current one), got "
+                            f"{type(client).__name__} {client!r}; name the job with name=...")
         self.client = client
         self.name = name or f"job-{uuid.uuid4().hex[:8]}"
         # validate here, with the user's values, before anything is sent

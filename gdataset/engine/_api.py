@@ -79,6 +79,11 @@ class EngineResult:
     restarts: int = 0
     iterations: int = 0
 
+    def __repr__(self) -> str:
+        finals = "None" if self.finals is None else f"{len(self.finals)} blocks"
+        return (f"EngineResult(mode={self.mode!r}, iterations={self.iterations}, restarts={self.restarts}, "
+                f"state={type(self.state).__name__}, finals={finals}, history={len(self.history)} records)")
+
 
 class LoopContext:
     """What a driver uses: passes over the blocks, checkpoints, collective exchange.
