@@ -595,7 +595,8 @@ def print_table(rows: dict) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=None, help="kill runs per scenario (default 10; 2 with --quick)")
-    p.add_argument("--scenarios", nargs="*", default=[], help="only the kill scenarios whose names contain one of these")
+    p.add_argument("--scenarios", nargs="*", default=[],
+                   help="only the kill scenarios whose names contain one of these")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="2 kills per scenario, smaller data and devices, 20 soak fits")
     p.add_argument("--hang-timeout", type=float, default=300.0, help="seconds after which a run counts as hung")

@@ -19,9 +19,9 @@ which pins the supported range), not many:
   task's inputs and marks the reads that assemble them). ``execute`` is the abstract method of
   distributed's ``BaseWorker`` that the worker state machine calls for every task; there is no hook
   around it.
-* :func:`event_topics` / :func:`forget_events`: the events a scheduler keeps of one topic (``Scheduler.log_event`` stores
-  every event of a topic, for ``Client.get_events``, and never drops a topic; distributed's only
-  clean-up is per client, after the client left).
+* :func:`event_topics` / :func:`forget_events`: the events a scheduler keeps of one topic
+  (``Scheduler.log_event`` stores every event of a topic, for ``Client.get_events``, and never drops
+  a topic; distributed's only clean-up is per client, after the client left).
 
 Nothing else in gdask reads or writes an underscored attribute of a distributed object
 (``tests/test_layering.py`` checks it).
@@ -34,8 +34,8 @@ from typing import Any, Callable, ContextManager
 #: the distributed releases gdask is tested with (inclusive lower, exclusive upper bound)
 SUPPORTED_DISTRIBUTED = ("2025.1", "2027.1")
 
-__all__ = ["SUPPORTED_DISTRIBUTED", "event_topics", "forget_events", "run_async", "run_sync", "set_executor", "set_worker_data", "wait_for_signals",
-           "wrap_execute", "wrap_transfer_handler"]
+__all__ = ["SUPPORTED_DISTRIBUTED", "event_topics", "forget_events", "run_async", "run_sync", "set_executor",
+           "set_worker_data", "wait_for_signals", "wrap_execute", "wrap_transfer_handler"]
 
 
 def run_async(client: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
