@@ -43,6 +43,9 @@ _SOLVERS = ("lbfgs", "gd")
 #: accepted by name and solved by gdask's L-BFGS ("liblinear" is not: it penalises the intercept and fits
 #: one-vs-rest)
 _SAME_PROBLEM = ("newton-cg", "newton-cholesky", "sag", "saga")
+#: the solvers of the "l1" and "elasticnet" penalties: scikit-learn's "saga", and gdask's "gd"; both solved by
+#: gdask's proximal gradient descent (FISTA)
+_L1_SOLVERS = ("saga", "gd")
 
 
 @shared_docs
@@ -61,13 +64,19 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
 
     Parameters
     ----------
-    penalty : {"l2", None}, default "l2"
-        The L2 penalty (scikit-learn's default), or None for no penalty (``C`` is then ignored).
-        "l1" and "elasticnet" are not supported (ValueError).
+    penalty : {"auto", "l2", "l1", "elasticnet", None}, default "auto"
+        "auto" reads the penalty from ``l1_ratio`` as scikit-learn 1.8+ does by default: 0 is L2
+        (the default), 1 is L1, between is their mix (elastic net), and ``C=np.inf`` no penalty
+        (``"deprecated"``, scikit-learn's name for it, is taken too). "l2", "l1", "elasticnet" and
+        None (no penalty; ``C`` is then ignored) name it directly, as scikit-learn before 1.8.
+        L1 and elastic net need ``solver="saga"`` (as scikit-learn) or ``"gd"``: both are solved by
+        gdask's proximal gradient descent (FISTA with adaptive restart; ``tol`` bounds the gradient
+        mapping).
     C : float, default 1.0
         Inverse of the regularisation strength (``np.inf``: no penalty).
     l1_ratio : float, default 0.0
-        scikit-learn's mix of L1 in the penalty; only 0.0 (or None), a pure L2 penalty, is supported.
+        The L1 share of the elastic-net penalty (scikit-learn's): the objective is the mean log-loss
+        plus ``(l1_ratio |w|_1 + (1 - l1_ratio) |w|^2 / 2) / (C S)``, ``S`` the sum of the weights.
     dual : bool, default False
         Only the primal problem is solved; ``dual=True`` raises ValueError.
     intercept_scaling : float, default 1
@@ -133,7 +142,7 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
 
     _diagnostics = ("pass_times_", "history_", "fit_mode_")
 
-    def __init__(self, penalty: str | None = "l2", *, C: float = 1.0, l1_ratio: float | None = 0.0,
+    def __init__(self, penalty: str | None = "auto", *, C: float = 1.0, l1_ratio: float | None = 0.0,
                  dual: bool = False, tol: float = 1e-4, fit_intercept: bool = True, intercept_scaling: float = 1,
                  class_weight: Any = None, random_state: Any = None, solver: str = "lbfgs", max_iter: int = 100,
                  verbose: int = 0, warm_start: bool = False, n_jobs: int | None = None, callback: Any = None,
@@ -175,11 +184,25 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
         if self.solver not in _SOLVERS + _SAME_PROBLEM:
             raise ValueError(f"solver must be one of {_SOLVERS + _SAME_PROBLEM} (the last four solved by gdask's "
                              f"lbfgs), got {self.solver!r}")
-        if self.penalty not in ("l2", None, "deprecated"):
-            raise ValueError(f"penalty {self.penalty!r} is not supported; supported: 'l2' and None (no penalty)")
-        if self.l1_ratio not in (None, 0, 0.0):
-            raise ValueError(f"l1_ratio={self.l1_ratio!r} is not supported: only a pure L2 penalty (l1_ratio=0.0 "
-                             "or None) is")
+        if self.penalty not in ("auto", "l2", "l1", "elasticnet", None, "deprecated"):
+            raise ValueError(f"penalty must be 'auto', 'l2', 'l1', 'elasticnet' or None, got {self.penalty!r}")
+        r = self.l1_ratio
+        if r is not None and (isinstance(r, bool) or not isinstance(r, numbers.Real) or not 0 <= r <= 1):
+            raise ValueError(f"l1_ratio must be a float between 0 and 1 (or None), got {r!r}")
+        penalty, _ = self._penalty()
+        if penalty == "elasticnet" and r is None:
+            raise ValueError("l1_ratio must be specified when penalty is elasticnet.")
+        if penalty in ("l1", "elasticnet") and self.solver not in _L1_SOLVERS:  # scikit-learn's messages
+            if penalty == "elasticnet":
+                raise ValueError(f"Only 'saga' solver supports elasticnet penalty, got solver={self.solver}.")
+            raise ValueError(f"Solver {self.solver} supports only 'l2' or None penalties, got {penalty} penalty.")
+        if penalty != "elasticnet" and r is not None and 0 < r < 1:
+            warnings.warn(f"l1_ratio parameter is only used when penalty is 'elasticnet'. Got (penalty={penalty})",
+                          UserWarning, stacklevel=3)
+        if (self.penalty == "l2" and r != 0) or (self.penalty == "l1" and r != 1):  # scikit-learn's warning
+            warnings.warn(f"Inconsistent values: penalty={self.penalty} with l1_ratio={r}: penalty={self.penalty} is "
+                          "used (leave penalty='auto' and set l1_ratio: 0 for L2, 1 for L1, between for an elastic "
+                          "net)", UserWarning, stacklevel=3)
         if self.dual:
             raise ValueError("dual=True is not supported: gdask solves the primal problem (dual=False)")
         if (isinstance(self.intercept_scaling, bool) or not isinstance(self.intercept_scaling, numbers.Real)
@@ -194,6 +217,18 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
             raise ValueError(f"class_weight must be None, 'balanced' or a dict, got {cw!r}")
         if self.penalty is None and self.C != 1.0:  # scikit-learn's warning
             warnings.warn("Setting penalty=None will ignore the C and l1_ratio parameters", UserWarning, stacklevel=3)
+
+    def _penalty(self) -> tuple[str | None, float]:
+        """The penalty and its L1 share, as scikit-learn reads ``penalty`` / ``l1_ratio`` / ``C``
+        (``penalty="auto"``: from ``l1_ratio``, 0 L2, 1 L1, between elastic net; ``C=np.inf`` none)."""
+        r = self.l1_ratio
+        penalty = self.penalty
+        if penalty in ("auto", "deprecated"):
+            penalty = "l2" if r in (0, None) else "l1" if r == 1 else "elasticnet"
+            if self.C == np.inf:
+                penalty = None
+        share = {"l1": 1.0, "elasticnet": float(r or 0.0)}.get(penalty, 0.0)
+        return penalty, share
 
     def _labels(self, y: Any, G: GDataSet, W: GDataSet | None, w_host: np.ndarray | None
                 ) -> tuple[GDataSet, np.ndarray, np.ndarray]:
@@ -298,10 +333,11 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
         if not sw_sum > 0:
             raise ValueError(f"the sample weights must have a positive sum, got {sw_sum}")
         layout = Layout(K, d, self.fit_intercept)
-        C = np.inf if self.penalty is None else self.C
+        penalty, l1_ratio = self._penalty()
+        C = np.inf if penalty is None else self.C
         solver = "lbfgs" if self.solver in _SAME_PROBLEM else self.solver
         algo = LogisticLoop(layout, W is not None, class_w, sw_sum, C, solver, self.max_iter, self.tol,
-                             GRAM_MAX_FEATURES)
+                             GRAM_MAX_FEATURES, l1_ratio=l1_ratio)
         progress = Progress(self.verbose, self.callback, total=self.max_iter, desc="LogisticRegression")
         try:
             res = run_loop(algo, {"X": G, "Y": Y, "W": W}, SolverState(self._initial(layout)), progress=progress)
