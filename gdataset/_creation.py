@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import dask.array as da
@@ -12,9 +13,11 @@ from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task, TaskRef
 
 from gdask import config
+from gdask import GDaskWarning
 from gdask.devices import discover, parse_size
 from gdask.gdataset import _blocks, _output
 from gdask.gdataset._core import GDataSet, device_layer
+from gdask.gdataset.locality import default_client_or_none
 from gdask.scheduling import job_salt
 
 __all__ = ["from_array", "from_dask_array", "from_dataframe", "default_block_rows"]
@@ -195,41 +198,81 @@ def _kind(t: Any) -> str:
         return "O"
 
 
-def _numeric_columns(df: Any) -> list[Any]:
-    cols = [c for c, t in df.dtypes.items() if _kind(t) in "biuf"]
-    if not cols:
-        raise ValueError(
-            "from_dataframe found no numeric columns; the DataFrame's dtypes are "
-            f"{dict(df.dtypes.items())}"
-        )
-    return cols
+def _column_kinds(df: Any, cols: list[Any]) -> tuple[list[Any], list[Any]]:
+    """(categorical columns, columns neither numeric nor categorical) of ``cols``."""
+    categorical = [c for c in cols if getattr(df.dtypes[c], "name", "") == "category"]
+    other = [c for c in cols if c not in categorical and _kind(df.dtypes[c]) not in "biuf"]
+    return categorical, other
+
+
+def _as_codes(sub: Any, categorical: list[Any], lazy: bool) -> Any:
+    """``sub`` with each categorical column replaced by its category codes (-1: missing); a dask
+    DataFrame's unknown categories are found first (one pass), so every partition codes alike."""
+    if not categorical:
+        return sub
+    warnings.warn(f"from_dataframe: the categorical column(s) {categorical} become their category codes "
+                  "(integers, -1 for a missing value); pass columns=[...] to leave them out", GDaskWarning,
+                  stacklevel=3)
+    if lazy and not all(sub[c].cat.known for c in categorical):
+        sub = sub.categorize(columns=categorical)
+    sub = sub.copy()
+    for c in categorical:
+        sub[c] = sub[c].cat.codes
+    return sub
+
+
+def _device_workers() -> int:
+    """Workers of the current Client (0 without one)."""
+    client = default_client_or_none()
+    if client is None:
+        return 0
+    return len(client.scheduler_info(n_workers=-1)["workers"])
 
 
 def from_dataframe(df: Any, block_rows: int | None = None, *, columns: list[Any] | None = None) -> GDataSet:
     """A GDataSet from the numeric columns of a pandas / cuDF / dask(-cuDF) DataFrame.
 
     Columnar storage maps straight onto the feature-major block layout: each column becomes one
-    contiguous run of a block.
+    contiguous run of a block. No column is dropped silently: categorical columns become their
+    category codes (with a :class:`gdask.GDaskWarning` naming them), and any other column that is not
+    numeric (strings, objects, dates) raises ValueError; choose the columns with ``columns=``. A dask
+    DataFrame with fewer partitions than the Client has workers (e.g. one Parquet or CSV file) is
+    split into one block per worker, with a warning that says so (``block_rows=`` chooses instead).
 
     Parameters
     ----------
     df : DataFrame
         pandas, cuDF, dask or dask-cuDF DataFrame.
     block_rows : int, optional
-        Rows per block (dask DataFrames: default keeps partitions).
+        Rows per block (dask DataFrames: default keeps partitions, or one block per worker when it
+        has fewer).
     columns : list, optional
-        Columns to use; default: every numeric column (others are left out).
+        Columns to use; default: every column.
     """
-    cols = list(columns) if columns is not None else _numeric_columns(df)
+    cols = list(columns) if columns is not None else list(df.columns)
     missing = [c for c in cols if c not in df.columns]
     if missing:
         raise KeyError(f"columns {missing} are not in the DataFrame (it has {list(df.columns)})")
-    sub = df[cols]
+    if not cols:
+        raise ValueError("from_dataframe needs at least one column")
+    categorical, other = _column_kinds(df, cols)
+    if other:
+        raise ValueError(f"from_dataframe: column(s) {other} are not numeric (dtypes "
+                         f"{ {c: str(df.dtypes[c]) for c in other} }); choose numeric columns with columns=[...], or "
+                         "convert them first (pd.to_numeric, or .astype('category') for their codes)")
+    mod = type(df).__module__.split(".")[0]
+    lazy = mod in ("dask", "dask_cudf")
+    sub = _as_codes(df[cols], categorical, lazy)
     dtype = np.result_type(*[np.dtype(t) for t in sub.dtypes])
     _check_dtype(dtype)
-    mod = type(df).__module__.split(".")[0]
-    if mod in ("dask", "dask_cudf"):
+    if lazy:
         arr = sub.to_dask_array(lengths=True).astype(dtype)
+        workers = _device_workers()
+        if block_rows is None and arr.numblocks[0] < workers and arr.shape[0] >= workers:
+            block_rows = math.ceil(arr.shape[0] / workers)
+            warnings.warn(f"from_dataframe: the DataFrame has {arr.numblocks[0]} partition(s) for {workers} workers: "
+                          f"its {arr.shape[0]} rows are split into blocks of {block_rows} rows, one per worker, so "
+                          "that every device has work (pass block_rows= to choose)", GDaskWarning, stacklevel=2)
         out = from_dask_array(arr, block_rows=block_rows)
     elif mod == "cudf":
         out = from_array(sub.to_cupy(dtype=dtype), block_rows=block_rows)

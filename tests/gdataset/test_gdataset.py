@@ -135,12 +135,38 @@ def test_dask_array_round_trip():
 
 def test_from_dataframe_numeric_columns():
     df = pd.DataFrame({"a": [1.0, 2.0, 3.0], "b": [4, 5, 6], "s": ["x", "y", "z"]})
-    X = gdask.from_dataframe(df, block_rows=2)
+    X = gdask.from_dataframe(df, block_rows=2, columns=["a", "b"])
     assert X.shape == (3, 2) and X.columns == ["a", "b"]
     np.testing.assert_allclose(X.compute(), df[["a", "b"]].to_numpy(float))
     dd = pytest.importorskip("dask.dataframe")
-    Y = gdask.from_dataframe(dd.from_pandas(df, npartitions=2))
+    Y = gdask.from_dataframe(dd.from_pandas(df, npartitions=2), columns=["a", "b"])
     np.testing.assert_allclose(Y.compute(), df[["a", "b"]].to_numpy(float))
+
+
+def test_from_dataframe_drops_no_column_silently():
+    df = pd.DataFrame({"a": [1.0, 2.0, 3.0, 4.0], "s": ["x", "y", "z", "x"],
+                       "color": pd.Categorical(["red", "blue", None, "red"])})
+    with pytest.raises(ValueError, match=r"column\(s\) \['s'\] are not numeric"):
+        gdask.from_dataframe(df)
+    with pytest.warns(gdask.GDaskWarning, match=r"categorical column\(s\) \['color'\] become their category codes"):
+        X = gdask.from_dataframe(df, columns=["a", "color"])
+    np.testing.assert_array_equal(X.compute(), [[1, 1], [2, 0], [3, -1], [4, 1]])
+    dd = pytest.importorskip("dask.dataframe")
+    lazy = dd.from_pandas(df[["a", "color"]], npartitions=2).clear_divisions()
+    lazy["color"] = lazy["color"].cat.as_unknown()  # as read from files: categories not known up front
+    with pytest.warns(gdask.GDaskWarning, match="category codes"):
+        Y = gdask.from_dataframe(lazy)
+    np.testing.assert_array_equal(Y.compute(), X.compute())  # every partition codes alike
+
+
+def test_from_dataframe_splits_a_single_partition_for_the_workers(client):
+    dd = pytest.importorskip("dask.dataframe")
+    df = pd.DataFrame({"a": np.arange(1000.0), "b": np.arange(1000.0) * 2})
+    one = dd.from_pandas(df, npartitions=1)  # e.g. one Parquet file
+    with pytest.warns(gdask.GDaskWarning, match="1 partition.s. for 2 workers"):
+        X = gdask.from_dataframe(one)
+    assert X.row_blocks == (500, 500)
+    np.testing.assert_array_equal(X.compute(), df.to_numpy())
 
 
 @pytest.mark.parametrize(
