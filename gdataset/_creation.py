@@ -12,8 +12,7 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task, TaskRef
 
-from gdask import config
-from gdask import GDaskWarning
+from gdask import GDaskWarning, config
 from gdask.devices import discover, parse_size
 from gdask.gdataset import _blocks, _output
 from gdask.gdataset._core import GDataSet, device_layer
