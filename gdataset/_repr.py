@@ -9,13 +9,12 @@ from typing import Any
 import numpy as np
 from dask.utils import format_bytes
 
+from gdask import config
 from gdask.gdataset.locality import block_status
 
 __all__ = ["gdataset_html"]
 
 
-#: seconds a repr waits for blocks that ``persist()`` is still computing (then shows them as computing)
-REPR_WAIT = 5.0
 
 #: one colour per device (worker), in worker-name order
 _PALETTE = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#eeca3b", "#b279a2", "#ff9da6", "#9d755d",
@@ -77,8 +76,9 @@ def _persisted_state(where: dict[int, dict[str, Any]] | None, n: int) -> str:
 
 
 def gdataset_html(x: Any) -> str:
-    """The HTML repr of ``x`` (its blocks' places asked once, waiting at most :data:`REPR_WAIT` s)."""
-    where = block_status(x, wait=REPR_WAIT)
+    """The HTML repr of ``x`` (its blocks' places asked once, waiting at most config
+    ``gdask.timeouts.repr`` seconds for blocks ``persist()`` is still computing)."""
+    where = block_status(x, wait=float(config.get("timeouts.repr", 5)))
     workers = sorted({w["worker"] for w in (where or {}).values() if w["worker"] is not None},
                      key=lambda a: next((w["name"] for w in where.values() if w["worker"] == a), a))
     colors = {a: _PALETTE[i % len(_PALETTE)] for i, a in enumerate(workers)}

@@ -2,6 +2,7 @@
 
 import re
 
+import dask
 import numpy as np
 
 import gdask
@@ -14,7 +15,10 @@ def test_gdataset_repr_right_after_persist_shows_every_block_on_its_device(clien
     X = gdask.from_array(x, block_rows=1_000)
     assert "not persisted" in X._repr_html_()
     P = X.persist()
-    h = P._repr_html_()  # no wait before: the repr waits (bounded) for the blocks to land
+    # no wait before: the repr waits for the blocks to land, at most gdask.timeouts.repr seconds (a
+    # bound generous enough for a loaded machine here: blocks still computing are another test's case)
+    with dask.config.set({"gdask.timeouts.repr": 120}):
+        h = P._repr_html_()
     assert "persisted: all 6 blocks in cluster memory" in h and "6 on device" in h
     rects = re.findall(r'<rect x="[^"]+" y="0" width="[^"]+" height="22" fill="(#[0-9a-f]{6})"', h)
     assert len(rects) == 6 and len(set(rects)) == 2  # one rectangle per block, one colour per device
