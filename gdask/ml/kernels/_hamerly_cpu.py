@@ -53,7 +53,7 @@ def _first_pass_numba(xt, w, centers, norms, sums, counts, labels, bounds, topv,
     emarg = expanded_error(xt)
     cmax2 = cmax * cmax
     dist = np.empty((k, TILE), xt.dtype)
-    lab = np.empty(TILE, np.int64)
+    lab = np.empty(TILE, np.int32)
     mind = np.empty(TILE, xt.dtype)
     mind2 = np.empty(TILE, xt.dtype)
     xn = np.empty(TILE, np.float64)  # the tile's |x|^2: sum_i w_i |x_i|^2 vectorises over it
@@ -65,11 +65,15 @@ def _first_pass_numba(xt, w, centers, norms, sums, counts, labels, bounds, topv,
         tile_argmin2(dist, m, mind, mind2, lab)
         for i in range(m):
             xn[i] = norms[i0 + i]
-        for i in range(m):  # bounds, vectorised over the tile's rows
-            e = marg * (np.sqrt(xn[i]) + cmax) ** 2
-            bounds[0, i0 + i] = np.sqrt(max(xn[i] + mind[i], 0.0) + e)
-            bounds[1, i0 + i] = np.sqrt(max(xn[i] + mind2[i] - e, 0.0))
-            labels[i0 + i] = lab[i]
+        up = bounds[0, i0:i0 + m]
+        lo = bounds[1, i0:i0 + m]
+        lb = labels[i0:i0 + m]
+        for i in range(m):  # bounds, vectorised over the tile's rows (r * r, not ** 2: a pow call stays scalar)
+            r = np.sqrt(xn[i]) + cmax
+            e = marg * (r * r)
+            up[i] = np.sqrt(max(xn[i] + mind[i], 0.0) + e)
+            lo[i] = np.sqrt(max(xn[i] + mind2[i] - e, 0.0))
+            lb[i] = lab[i]
         if w is None:
             for i in range(m):
                 sxx += xn[i]
@@ -80,16 +84,23 @@ def _first_pass_numba(xt, w, centers, norms, sums, counts, labels, bounds, topv,
             li = lab[i]
             srow = sums[li]
             if w is None:
-                wi = 1.0
                 for j in range(d):
                     srow[j] += xt[j, i0 + i]
+                counts[li] += 1.0
             else:
                 wi = w[i0 + i]
                 for j in range(d):
                     srow[j] += wi * xt[j, i0 + i]
-            counts[li] += wi
-            di = max(xn[i] + mind[i], 0.0)
-            if di + emarg * (xn[i] + cmax2) > thr:  # may be among the q farthest: its exact distance decides
+                counts[li] += wi
+        top = -np.inf  # the farthest rows' screen, vectorised over the tile's rows (as the Lloyd kernel)
+        for i in range(m):
+            xn[i] = max(xn[i] + mind[i], 0.0) + emarg * (xn[i] + cmax2)
+            top = max(top, xn[i])
+        if top <= thr:
+            continue
+        for i in range(m):
+            if xn[i] > thr:  # may be among the q farthest: its exact distance decides
+                li = lab[i]
                 ex = exact_sqdist(xt, i0 + i, centers[li])
                 if ex > thr:
                     thr = keep_farthest(ex, i0 + i, li, topv, topi, topl)

@@ -42,8 +42,9 @@ def _lloyd_stats(xt, w, centers, norms, sums, counts, topv, topi, topl):  # prag
     marg = expanded_error(xt)
     cmax2 = cmax * cmax
     dist = np.empty((k, TILE), xt.dtype)
-    lab = np.empty(TILE, np.int64)
+    lab = np.empty(TILE, np.int32)
     mind = np.empty(TILE, xt.dtype)
+    di = np.empty(TILE, np.float64)  # the tile's squared distances (expanded), then their upper bounds
     thr = smallest(topv)
     inertia = 0.0
     for i0 in range(0, n, TILE):
@@ -55,18 +56,32 @@ def _lloyd_stats(xt, w, centers, norms, sums, counts, topv, topi, topl):  # prag
             li = lab[i]
             srow = sums[li]
             if w is None:
-                wi = 1.0
                 for j in range(d):
                     srow[j] += xt[j, i0 + i]
+                counts[li] += 1.0
             else:
                 wi = w[i0 + i]
                 for j in range(d):
                     srow[j] += wi * xt[j, i0 + i]
-            counts[li] += wi
-            xn = norms[i0 + i]
-            di = max(xn + mind[i], 0.0)
-            inertia += wi * di
-            if di + marg * (xn + cmax2) > thr:  # may be among the q farthest (empty-cluster relocation)
+                counts[li] += wi
+        # the inertia and the farthest rows' screen, vectorised over the tile's rows
+        for i in range(m):
+            di[i] = max(norms[i0 + i] + mind[i], 0.0)
+        if w is None:
+            for i in range(m):
+                inertia += di[i]
+        else:
+            for i in range(m):
+                inertia += w[i0 + i] * di[i]
+        top = -np.inf
+        for i in range(m):
+            di[i] += marg * (norms[i0 + i] + cmax2)
+            top = max(top, di[i])
+        if top <= thr:  # no row of the tile may be among the q farthest
+            continue
+        for i in range(m):
+            if di[i] > thr:  # may be among the q farthest (empty-cluster relocation)
+                li = lab[i]
                 ex = exact_sqdist(xt, i0 + i, centers[li])
                 if ex > thr:
                     thr = keep_farthest(ex, i0 + i, li, topv, topi, topl)
@@ -75,21 +90,31 @@ def _lloyd_stats(xt, w, centers, norms, sums, counts, topv, topi, topl):  # prag
 
 @njit(nogil=True, fastmath=True, cache=True)
 def _assign_rows(xt, centers, labels, rowd):  # pragma: no cover - compiled
-    """Labels and the exact squared distance (no cancellation) of each row to its nearest center."""
+    """Labels and the exact squared distance (no cancellation) of each row to its nearest center:
+    differences in the block's dtype, summed in float64 (as :func:`exact_sqdist`), one feature at a
+    time over the tile's rows (contiguous reads of the feature-major block; the center's coordinate
+    comes from a feature-major copy of the centers, ``k`` values that stay in L1)."""
     d, n = xt.shape
     k = centers.shape[0]
     c2, cn, _ = prepare_centers(centers, xt.dtype)
+    ct = np.ascontiguousarray(centers.T)
     dist = np.empty((k, TILE), xt.dtype)
-    lab = np.empty(TILE, np.int64)
+    lab = np.empty(TILE, np.int32)
     mind = np.empty(TILE, xt.dtype)
     for i0 in range(0, n, TILE):
         m = min(TILE, n - i0)
         tile_distances(xt, i0, m, c2, cn, dist)
         tile_argmin(dist, m, mind, lab)
+        out = rowd[i0:i0 + m]
         for i in range(m):
-            li = lab[i]
-            labels[i0 + i] = li
-            rowd[i0 + i] = exact_sqdist(xt, i0 + i, centers[li])
+            labels[i0 + i] = lab[i]
+            out[i] = 0.0
+        for j in range(d):
+            xr = xt[j, i0:i0 + m]
+            cr = ct[j]
+            for i in range(m):
+                v = xr[i] - cr[lab[i]]
+                out[i] += v * v
 
 
 def lloyd_partial(blk: np.ndarray, centers: np.ndarray, w: np.ndarray | None = None) -> dict:
