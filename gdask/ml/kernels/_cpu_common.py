@@ -18,6 +18,11 @@ from gdask.devices import worker_state
 #: rows per tile of the tiled kernels
 TILE = 128
 
+#: the kernels' fast-math flags: reassociation (vectorised sums) and contraction (FMA), but no
+#: 'nnan' / 'ninf': with them LLVM may rewrite ``v < m`` as ``not v >= m``, true for NaN, and a row
+#: with NaN would take the last center instead of the first (scikit-learn's and the CUDA kernels')
+FASTMATH = {"reassoc", "contract", "arcp", "nsz", "afn"}
+
 #: the worker state space of the row norms of the blocks a worker holds
 NORMS_SPACE = "kmeans-row-norms"
 _norms_lock = threading.Lock()

@@ -18,6 +18,7 @@ from numba import njit
 
 from gdask.ml.kernels._common import N_FARTHEST, BlockBounds, center_geometry
 from gdask.ml.kernels._cpu_common import (
+    FASTMATH,
     TILE,
     exact_sqdist,
     expanded_error,
@@ -37,9 +38,12 @@ __all__ = ["assigned_sqdist", "first_pass", "step"]
 #: rows (float64) take at most ``_STEP_BUFFER`` bytes
 _STEP_TILE = 4096
 _STEP_BUFFER = 1 << 20
+#: a bounds step first looks at every this many rows: when the rows failing their bounds there
+#: (times this) exceed the step's limit, it gives up before moving anything
+_SCAN_STRIDE = 8
 
 
-@njit(nogil=True, fastmath=True, cache=True)
+@njit(nogil=True, fastmath=FASTMATH, cache=True)
 def _first_pass_numba(xt, w, centers, norms, sums, counts, labels, bounds, topv, topi,  # pragma: no cover
                       topl):  # compiled
     """Labels, and in ``bounds[0]`` / ``bounds[1]`` an upper bound on the distance to the chosen
@@ -111,9 +115,18 @@ def _first_pass_numba(xt, w, centers, norms, sums, counts, labels, bounds, topv,
 def _step_numba(xt, w, cf, labels, upper, lower, sums, counts, drift, half, m1, d1, d2, cc,  # pragma: no cover
                 limit):  # compiled
     """One bounds step; ``looked`` > ``limit`` rows failing their bounds aborts it (returns changed = -1,
-    the state is then half moved and must be rebuilt by a full pass)."""
+    the state is then half moved and must be rebuilt by a full pass). A sample of every
+    :data:`_SCAN_STRIDE`-th row estimates ``looked`` first: above ``limit``, it aborts at once (the
+    state untouched)."""
     d, n = xt.shape
     k = cf.shape[0]
+    if limit < n:  # a look at every 8th row first: most of them failing their bounds, give up now,
+        est = 0    # before any distance work (a step that gave up half way cost as much as the full pass)
+        for i in range(0, n, _SCAN_STRIDE):
+            a = labels[i]
+            est += upper[i] + drift[a] > max(lower[i] - (d2 if a == m1 else d1), half[a])
+        if est * _SCAN_STRIDE > limit:
+            return -1, est * _SCAN_STRIDE
     changed = 0
     looked = 0
     tile = max(64, min(_STEP_TILE, _STEP_BUFFER // (8 * max(d, 1))))

@@ -15,6 +15,7 @@ from numba import njit
 
 from gdask.ml.kernels._common import N_FARTHEST
 from gdask.ml.kernels._cpu_common import (
+    FASTMATH,
     TILE,
     exact_sqdist,
     expanded_error,
@@ -29,7 +30,7 @@ from gdask.ml.kernels._cpu_common import (
 __all__ = ["assign", "lloyd_partial"]
 
 
-@njit(nogil=True, fastmath=True, cache=True)
+@njit(nogil=True, fastmath=FASTMATH, cache=True)
 def _lloyd_stats(xt, w, centers, norms, sums, counts, topv, topi, topl):  # pragma: no cover - compiled
     """Add the block's rows to ``sums`` / ``counts`` of their nearest centers; returns the inertia
     (from the expanded distances and ``norms``, |x|^2 per row in float64) and keeps the ``q`` rows
@@ -88,16 +89,13 @@ def _lloyd_stats(xt, w, centers, norms, sums, counts, topv, topi, topl):  # prag
     return inertia
 
 
-@njit(nogil=True, fastmath=True, cache=True)
+@njit(nogil=True, fastmath=FASTMATH, cache=True)
 def _assign_rows(xt, centers, labels, rowd):  # pragma: no cover - compiled
-    """Labels and the exact squared distance (no cancellation) of each row to its nearest center:
-    differences in the block's dtype, summed in float64 (as :func:`exact_sqdist`), one feature at a
-    time over the tile's rows (contiguous reads of the feature-major block; the center's coordinate
-    comes from a feature-major copy of the centers, ``k`` values that stay in L1)."""
+    """Labels and the exact squared distance (no cancellation) of each row to its nearest center
+    (row by row: a feature-major pass gathering each row's center coordinate was slower)."""
     d, n = xt.shape
     k = centers.shape[0]
     c2, cn, _ = prepare_centers(centers, xt.dtype)
-    ct = np.ascontiguousarray(centers.T)
     dist = np.empty((k, TILE), xt.dtype)
     lab = np.empty(TILE, np.int32)
     mind = np.empty(TILE, xt.dtype)
@@ -105,16 +103,10 @@ def _assign_rows(xt, centers, labels, rowd):  # pragma: no cover - compiled
         m = min(TILE, n - i0)
         tile_distances(xt, i0, m, c2, cn, dist)
         tile_argmin(dist, m, mind, lab)
-        out = rowd[i0:i0 + m]
         for i in range(m):
-            labels[i0 + i] = lab[i]
-            out[i] = 0.0
-        for j in range(d):
-            xr = xt[j, i0:i0 + m]
-            cr = ct[j]
-            for i in range(m):
-                v = xr[i] - cr[lab[i]]
-                out[i] += v * v
+            li = lab[i]
+            labels[i0 + i] = li
+            rowd[i0 + i] = exact_sqdist(xt, i0 + i, centers[li])
 
 
 def lloyd_partial(blk: np.ndarray, centers: np.ndarray, w: np.ndarray | None = None) -> dict:
