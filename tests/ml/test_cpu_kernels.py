@@ -88,3 +88,22 @@ def test_step_that_gives_up_leaves_the_state_untouched():
         np.testing.assert_array_equal(getattr(st, name), getattr(before, name))
     moved = C + rng.normal(0, 1e-3, C.shape)  # a small move: the step goes through
     assert _hamerly_cpu.step(blk, moved, st, None, limit=400) >= 0
+
+
+def test_same_bits_wherever_the_heap_puts_the_kernels_arrays():
+    """The sums of a kernel do not depend on where its scratch arrays land: a loop that both stores and
+    sums is vectorised only when LLVM's run-time overlap check passes (its order of summation, the
+    bits, then depends on addresses); the kernels sum in loops that only read."""
+    rng = np.random.default_rng(8)
+    X = np.asfortranarray(rng.standard_normal((5000, 6)))
+    y = (X @ rng.standard_normal(6) > 0).astype(np.int32)
+    coef, b = rng.standard_normal((1, 6)), np.array([0.2])
+    C = rng.standard_normal((5, 6))
+    ref = _logistic_cpu.loss_grad(X, y, coef, b), _kmeans_cpu.lloyd_partial(X, C)
+    keep = []
+    for size in rng.integers(1, 5000, 60):  # move the heap between calls
+        keep.append(np.empty(int(size)))
+        loss, gc, gi = _logistic_cpu.loss_grad(X, y, coef, b)
+        assert loss == ref[0][0] and np.array_equal(gc, ref[0][1]) and np.array_equal(gi, ref[0][2])
+        part = _kmeans_cpu.lloyd_partial(X, C)
+        assert part["inertia"] == ref[1]["inertia"] and np.array_equal(part["sums"], ref[1]["sums"])

@@ -65,6 +65,9 @@ def _binomial_pass(xt, y, s, c, b, gc):  # pragma: no cover - compiled
     z = np.empty(tile, xt.dtype)
     e = np.empty(tile, xt.dtype)
     r = np.empty(tile, xt.dtype)
+    rr = np.empty(tile, np.float64)  # the residuals, t the loss terms, f the factors 1 + e (float64)
+    t = np.empty(tile, np.float64)
+    f = np.empty(tile, np.float64)
     zero = z.dtype.type(0)
     loss = 0.0
     gsum = 0.0
@@ -90,26 +93,34 @@ def _binomial_pass(xt, y, s, c, b, gc):  # pragma: no cover - compiled
             j += 1
         for i in range(m):  # exp(-|z|) in (0, 1]: a libm call per row
             e[i] = math.exp(-abs(z[i]))
-        for k0 in range(0, m, _PROD):
-            prod = 1.0
-            for i in range(k0, min(k0 + _PROD, m)):  # the row terms, vectorised over the rows
-                zi = np.float64(z[i])
-                ei = np.float64(e[i])
-                yi = np.float64(y[i0 + i])
-                q = 1.0 / (1.0 + ei)            # sigmoid(|z|)
-                p = q if zi >= 0 else 1.0 - q
-                lin = max(zi, 0.0) - yi * zi
-                if s is None:
-                    ri = p - yi
-                    loss += lin
-                    prod *= 1.0 + ei
-                else:
-                    wi = s[i0 + i]
-                    ri = wi * (p - yi)
-                    loss += wi * lin
-                r[i] = ri
-                gsum += ri
+        for i in range(m):  # the row terms, vectorised over the rows; no sum here (see below)
+            zi = np.float64(z[i])
+            ei = np.float64(e[i])
+            yi = np.float64(y[i0 + i])
+            q = 1.0 / (1.0 + ei)            # sigmoid(|z|)
+            p = q if zi >= 0 else 1.0 - q
+            lin = max(zi, 0.0) - yi * zi
             if s is None:
+                ri = p - yi
+                f[i] = 1.0 + ei
+            else:
+                wi = s[i0 + i]
+                ri = wi * (p - yi)
+                lin *= wi
+            t[i] = lin
+            rr[i] = ri
+            r[i] = ri
+        # the sums in loops that only read: a loop that also stores is vectorised only when LLVM's
+        # run-time check finds its arrays apart, and the order of its sums (the bits) would then
+        # depend on where the heap put them
+        for i in range(m):
+            loss += t[i]
+            gsum += rr[i]
+        if s is None:
+            for k0 in range(0, m, _PROD):
+                prod = 1.0
+                for i in range(k0, min(k0 + _PROD, m)):
+                    prod *= f[i]
                 loss += math.log(prod)
         if s is not None:  # weighted: log(1 + e) per row
             for i in range(m):
