@@ -18,6 +18,11 @@ from gdask.devices import worker_state
 #: rows per tile of the tiled kernels
 TILE = 128
 
+#: the kernels' fast-math flags: reassociation (vectorised sums) and contraction (FMA), but no
+#: 'nnan' / 'ninf': with them LLVM may rewrite ``v < m`` as ``not v >= m``, true for NaN, and a row
+#: with NaN would take the last center instead of the first (scikit-learn's and the CUDA kernels')
+FASTMATH = {"reassoc", "contract", "arcp", "nsz", "afn"}
+
 #: the worker state space of the row norms of the blocks a worker holds
 NORMS_SPACE = "kmeans-row-norms"
 _norms_lock = threading.Lock()
@@ -88,34 +93,83 @@ def tile_distances(xt, i0, m, c2, cn, dist):  # pragma: no cover - compiled
 @njit(inline="always")
 def tile_argmin(dist, m, mind, lab):  # pragma: no cover - compiled
     """Nearest center of each of the tile's rows, vectorised over rows (selects, no branches); ties
-    keep the lowest index."""
+    keep the lowest index. ``lab`` is int32 (one 8-lane vector per 8 float32 rows: int64 labels
+    halve the lanes and LLVM then leaves the loop scalar), and two centers per pass over the tile
+    halve the loads and stores of ``mind`` / ``lab``."""
+    k = dist.shape[0]
+    d0 = dist[0]
     for i in range(m):
-        mind[i] = dist[0, i]
+        mind[i] = d0[i]
         lab[i] = 0
-    for c in range(1, dist.shape[0]):
-        dr = dist[c]
+    c = 1
+    while c + 2 <= k:
+        da = dist[c]
+        db = dist[c + 1]
+        ca = np.int32(c)
+        cb = np.int32(c + 1)
         for i in range(m):
-            v = dr[i]
-            better = v < mind[i]
-            mind[i] = v if better else mind[i]
-            lab[i] = c if better else lab[i]
+            mi = mind[i]
+            li = lab[i]
+            va = da[i]
+            li = ca if va < mi else li
+            mi = va if va < mi else mi
+            vb = db[i]
+            li = cb if vb < mi else li
+            mi = vb if vb < mi else mi
+            mind[i] = mi
+            lab[i] = li
+        c += 2
+    if c < k:
+        da = dist[c]
+        ca = np.int32(c)
+        for i in range(m):
+            va = da[i]
+            mi = mind[i]
+            lab[i] = ca if va < mi else lab[i]
+            mind[i] = va if va < mi else mi
 
 
 @njit(inline="always")
 def tile_argmin2(dist, m, mind, mind2, lab):  # pragma: no cover - compiled
-    """:func:`tile_argmin` and the second smallest value of each row."""
+    """:func:`tile_argmin` and the second smallest value of each row (int32 ``lab``, two centers per
+    pass over the tile, as :func:`tile_argmin`)."""
+    k = dist.shape[0]
+    d0 = dist[0]
     for i in range(m):
-        mind[i] = dist[0, i]
+        mind[i] = d0[i]
         lab[i] = 0
         mind2[i] = np.inf
-    for c in range(1, dist.shape[0]):
+    c = 1
+    while c + 2 <= k:
+        da = dist[c]
+        db = dist[c + 1]
+        ca = np.int32(c)
+        cb = np.int32(c + 1)
+        for i in range(m):
+            mi = mind[i]
+            m2 = mind2[i]
+            li = lab[i]
+            va = da[i]
+            m2 = min(m2, max(va, mi))  # the new second smallest, without branches
+            li = ca if va < mi else li
+            mi = min(va, mi)
+            vb = db[i]
+            m2 = min(m2, max(vb, mi))
+            li = cb if vb < mi else li
+            mi = min(vb, mi)
+            mind[i] = mi
+            mind2[i] = m2
+            lab[i] = li
+        c += 2
+    if c < k:
         dr = dist[c]
+        cc = np.int32(c)
         for i in range(m):
             v = dr[i]
             mi = mind[i]
-            mind2[i] = min(mind2[i], max(v, mi))  # the new second smallest, without branches
+            mind2[i] = min(mind2[i], max(v, mi))
             mind[i] = min(v, mi)
-            lab[i] = c if v < mi else lab[i]
+            lab[i] = cc if v < mi else lab[i]
 
 
 @njit(inline="always")

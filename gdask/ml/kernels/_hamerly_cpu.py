@@ -18,6 +18,7 @@ from numba import njit
 
 from gdask.ml.kernels._common import N_FARTHEST, BlockBounds, center_geometry
 from gdask.ml.kernels._cpu_common import (
+    FASTMATH,
     TILE,
     exact_sqdist,
     expanded_error,
@@ -37,9 +38,12 @@ __all__ = ["assigned_sqdist", "first_pass", "step"]
 #: rows (float64) take at most ``_STEP_BUFFER`` bytes
 _STEP_TILE = 4096
 _STEP_BUFFER = 1 << 20
+#: a bounds step first looks at every this many rows: when the rows failing their bounds there
+#: (times this) exceed the step's limit, it gives up before moving anything
+_SCAN_STRIDE = 8
 
 
-@njit(nogil=True, fastmath=True, cache=True)
+@njit(nogil=True, fastmath=FASTMATH, cache=True)
 def _first_pass_numba(xt, w, centers, norms, sums, counts, labels, bounds, topv, topi,  # pragma: no cover
                       topl):  # compiled
     """Labels, and in ``bounds[0]`` / ``bounds[1]`` an upper bound on the distance to the chosen
@@ -53,7 +57,7 @@ def _first_pass_numba(xt, w, centers, norms, sums, counts, labels, bounds, topv,
     emarg = expanded_error(xt)
     cmax2 = cmax * cmax
     dist = np.empty((k, TILE), xt.dtype)
-    lab = np.empty(TILE, np.int64)
+    lab = np.empty(TILE, np.int32)
     mind = np.empty(TILE, xt.dtype)
     mind2 = np.empty(TILE, xt.dtype)
     xn = np.empty(TILE, np.float64)  # the tile's |x|^2: sum_i w_i |x_i|^2 vectorises over it
@@ -65,11 +69,15 @@ def _first_pass_numba(xt, w, centers, norms, sums, counts, labels, bounds, topv,
         tile_argmin2(dist, m, mind, mind2, lab)
         for i in range(m):
             xn[i] = norms[i0 + i]
-        for i in range(m):  # bounds, vectorised over the tile's rows
-            e = marg * (np.sqrt(xn[i]) + cmax) ** 2
-            bounds[0, i0 + i] = np.sqrt(max(xn[i] + mind[i], 0.0) + e)
-            bounds[1, i0 + i] = np.sqrt(max(xn[i] + mind2[i] - e, 0.0))
-            labels[i0 + i] = lab[i]
+        up = bounds[0, i0:i0 + m]
+        lo = bounds[1, i0:i0 + m]
+        lb = labels[i0:i0 + m]
+        for i in range(m):  # bounds, vectorised over the tile's rows (r * r, not ** 2: a pow call stays scalar)
+            r = np.sqrt(xn[i]) + cmax
+            e = marg * (r * r)
+            up[i] = np.sqrt(max(xn[i] + mind[i], 0.0) + e)
+            lo[i] = np.sqrt(max(xn[i] + mind2[i] - e, 0.0))
+            lb[i] = lab[i]
         if w is None:
             for i in range(m):
                 sxx += xn[i]
@@ -80,16 +88,23 @@ def _first_pass_numba(xt, w, centers, norms, sums, counts, labels, bounds, topv,
             li = lab[i]
             srow = sums[li]
             if w is None:
-                wi = 1.0
                 for j in range(d):
                     srow[j] += xt[j, i0 + i]
+                counts[li] += 1.0
             else:
                 wi = w[i0 + i]
                 for j in range(d):
                     srow[j] += wi * xt[j, i0 + i]
-            counts[li] += wi
-            di = max(xn[i] + mind[i], 0.0)
-            if di + emarg * (xn[i] + cmax2) > thr:  # may be among the q farthest: its exact distance decides
+                counts[li] += wi
+        top = -np.inf  # the farthest rows' screen, vectorised over the tile's rows (as the Lloyd kernel)
+        for i in range(m):
+            xn[i] = max(xn[i] + mind[i], 0.0) + emarg * (xn[i] + cmax2)
+            top = max(top, xn[i])
+        if top <= thr:
+            continue
+        for i in range(m):
+            if xn[i] > thr:  # may be among the q farthest: its exact distance decides
+                li = lab[i]
                 ex = exact_sqdist(xt, i0 + i, centers[li])
                 if ex > thr:
                     thr = keep_farthest(ex, i0 + i, li, topv, topi, topl)
@@ -100,9 +115,18 @@ def _first_pass_numba(xt, w, centers, norms, sums, counts, labels, bounds, topv,
 def _step_numba(xt, w, cf, labels, upper, lower, sums, counts, drift, half, m1, d1, d2, cc,  # pragma: no cover
                 limit):  # compiled
     """One bounds step; ``looked`` > ``limit`` rows failing their bounds aborts it (returns changed = -1,
-    the state is then half moved and must be rebuilt by a full pass)."""
+    the state is then half moved and must be rebuilt by a full pass). A sample of every
+    :data:`_SCAN_STRIDE`-th row estimates ``looked`` first: above ``limit``, it aborts at once (the
+    state untouched)."""
     d, n = xt.shape
     k = cf.shape[0]
+    if limit < n:  # a look at every 8th row first: most of them failing their bounds, give up now,
+        est = 0    # before any distance work (a step that gave up half way cost as much as the full pass)
+        for i in range(0, n, _SCAN_STRIDE):
+            a = labels[i]
+            est += upper[i] + drift[a] > max(lower[i] - (d2 if a == m1 else d1), half[a])
+        if est * _SCAN_STRIDE > limit:
+            return -1, est * _SCAN_STRIDE
     changed = 0
     looked = 0
     tile = max(64, min(_STEP_TILE, _STEP_BUFFER // (8 * max(d, 1))))

@@ -15,6 +15,7 @@ from numba import njit
 
 from gdask.ml.kernels._common import N_FARTHEST
 from gdask.ml.kernels._cpu_common import (
+    FASTMATH,
     TILE,
     exact_sqdist,
     expanded_error,
@@ -29,7 +30,7 @@ from gdask.ml.kernels._cpu_common import (
 __all__ = ["assign", "lloyd_partial"]
 
 
-@njit(nogil=True, fastmath=True, cache=True)
+@njit(nogil=True, fastmath=FASTMATH, cache=True)
 def _lloyd_stats(xt, w, centers, norms, sums, counts, topv, topi, topl):  # pragma: no cover - compiled
     """Add the block's rows to ``sums`` / ``counts`` of their nearest centers; returns the inertia
     (from the expanded distances and ``norms``, |x|^2 per row in float64) and keeps the ``q`` rows
@@ -42,8 +43,9 @@ def _lloyd_stats(xt, w, centers, norms, sums, counts, topv, topi, topl):  # prag
     marg = expanded_error(xt)
     cmax2 = cmax * cmax
     dist = np.empty((k, TILE), xt.dtype)
-    lab = np.empty(TILE, np.int64)
+    lab = np.empty(TILE, np.int32)
     mind = np.empty(TILE, xt.dtype)
+    di = np.empty(TILE, np.float64)  # the tile's squared distances (expanded), then their upper bounds
     thr = smallest(topv)
     inertia = 0.0
     for i0 in range(0, n, TILE):
@@ -55,32 +57,47 @@ def _lloyd_stats(xt, w, centers, norms, sums, counts, topv, topi, topl):  # prag
             li = lab[i]
             srow = sums[li]
             if w is None:
-                wi = 1.0
                 for j in range(d):
                     srow[j] += xt[j, i0 + i]
+                counts[li] += 1.0
             else:
                 wi = w[i0 + i]
                 for j in range(d):
                     srow[j] += wi * xt[j, i0 + i]
-            counts[li] += wi
-            xn = norms[i0 + i]
-            di = max(xn + mind[i], 0.0)
-            inertia += wi * di
-            if di + marg * (xn + cmax2) > thr:  # may be among the q farthest (empty-cluster relocation)
+                counts[li] += wi
+        # the inertia and the farthest rows' screen, vectorised over the tile's rows
+        for i in range(m):
+            di[i] = max(norms[i0 + i] + mind[i], 0.0)
+        if w is None:
+            for i in range(m):
+                inertia += di[i]
+        else:
+            for i in range(m):
+                inertia += w[i0 + i] * di[i]
+        top = -np.inf
+        for i in range(m):
+            di[i] += marg * (norms[i0 + i] + cmax2)
+            top = max(top, di[i])
+        if top <= thr:  # no row of the tile may be among the q farthest
+            continue
+        for i in range(m):
+            if di[i] > thr:  # may be among the q farthest (empty-cluster relocation)
+                li = lab[i]
                 ex = exact_sqdist(xt, i0 + i, centers[li])
                 if ex > thr:
                     thr = keep_farthest(ex, i0 + i, li, topv, topi, topl)
     return inertia
 
 
-@njit(nogil=True, fastmath=True, cache=True)
+@njit(nogil=True, fastmath=FASTMATH, cache=True)
 def _assign_rows(xt, centers, labels, rowd):  # pragma: no cover - compiled
-    """Labels and the exact squared distance (no cancellation) of each row to its nearest center."""
+    """Labels and the exact squared distance (no cancellation) of each row to its nearest center
+    (row by row: a feature-major pass gathering each row's center coordinate was slower)."""
     d, n = xt.shape
     k = centers.shape[0]
     c2, cn, _ = prepare_centers(centers, xt.dtype)
     dist = np.empty((k, TILE), xt.dtype)
-    lab = np.empty(TILE, np.int64)
+    lab = np.empty(TILE, np.int32)
     mind = np.empty(TILE, xt.dtype)
     for i0 in range(0, n, TILE):
         m = min(TILE, n - i0)
