@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 import dask
 from distributed import wait
-from distributed.client import FutureCancelledError
+from distributed.client import FutureCancelledError, FuturesCancelledError
 
 from gdask import config
 from gdask.gdataset.collective._worker import CollectiveError, CollectivePlugin, Stopped, abort_on_worker, rank_task
@@ -60,6 +60,8 @@ def run_on_workers(client: Any, func: Callable[..., Any], peers: Sequence[str], 
                 wait([f for f in futures if f.status == "pending"], timeout=poll, return_when="FIRST_COMPLETED")
             except TimeoutError:
                 pass
+            except FuturesCancelledError:  # a task lost its inputs (e.g. scattered to a worker that died):
+                pass  # its future is "cancelled", a failure of the loop, raised below as CollectiveError
             if on_poll is not None:
                 on_poll()
             failed = [f for f in futures if f.status in ("error", "cancelled", "lost")]
