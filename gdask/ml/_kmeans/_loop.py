@@ -64,8 +64,11 @@ class LoopState:
         moves = ((new.astype(np.float64) - self.centers) ** 2).sum(1)
         shift = float(moves.sum())
         # a center's largest move falling below half the previous one bets on settling: that pass
-        # builds the bounds (a little dearer than Lloyd's), so the next one can step on them
-        self.settled = self.bounds and (centers_settled(new, moves) or float(moves.max()) < _SETTLING * self.last_move)
+        # builds the bounds (a little dearer than Lloyd's), so the next one can step on them. Once built
+        # they are kept: a step whose rows mostly fail gives up early and runs the full pass, which
+        # rebuilds them (going back to Lloyd's passes would throw them away and step on stale ones later)
+        self.settled = self.bounds and (self.settled or centers_settled(new, moves)
+                                        or float(moves.max()) < _SETTLING * self.last_move)
         self.last_move = float(moves.max())
         self.centers = new
         self.n_iter += 1
