@@ -220,7 +220,7 @@ def _as_codes(sub: Any, categorical: list[Any], lazy: bool) -> Any:
     return sub
 
 
-def _device_workers() -> int:
+def _client_workers() -> int:
     """Workers of the current Client (0 without one)."""
     client = default_client_or_none()
     if client is None:
@@ -266,7 +266,7 @@ def from_dataframe(df: Any, block_rows: int | None = None, *, columns: list[Any]
     _check_dtype(dtype)
     if lazy:
         arr = sub.to_dask_array(lengths=True).astype(dtype)
-        workers = _device_workers()
+        workers = _client_workers()
         if block_rows is None and arr.numblocks[0] < workers and arr.shape[0] >= workers:
             block_rows = math.ceil(arr.shape[0] / workers)
             warnings.warn(f"from_dataframe: the DataFrame has {arr.numblocks[0]} partition(s) for {workers} workers: "

@@ -53,8 +53,8 @@ def test_installing_the_plugins_before_any_work_says_nothing():
 def test_a_job_repr_uses_the_units_of_the_tables():
     from gdask.scheduling import Job
 
-    class _FakeClient:  # the repr needs no cluster
-        pass
+    class _FakeClient:  # the repr needs no cluster (only a client's shape)
+        scheduler = None
 
     j = Job(_FakeClient(), gpu=0.25, memory="64MiB", name="small")
     assert repr(j) == "<gdask.job 'small' gpu=0.25 memory=64.00 MiB new on []>"
