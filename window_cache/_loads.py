@@ -96,7 +96,10 @@ def _wait_or_load(entries: Entries, key: Key, e: Entry) -> Any:
                 entries.stats.add("prefetch_hits")
             first = False
         if owner:
-            return _demand_load(entries, key, e, ev)
+            value = _demand_load(entries, key, e, ev)
+            if value is not _EVICTED:
+                return value
+            continue  # evicted again before this reader took it (another reader needed the room)
         if not ev.wait(max(0.0, deadline - time.monotonic())):
             raise WindowCacheMemoryError(
                 f"block {key!r} of {format_bytes(e.nbytes)}: its copy to the device did not finish within "
@@ -118,9 +121,15 @@ def _demand_load(entries: Entries, key: Key, e: Entry, ev: threading.Event) -> A
     del host
     complete_load(entries, key, e)
     with entries.locked():
-        if e.device is None:  # deleted while it was copied
+        if e.device is not None:
+            return e.device
+        if e.deleted:  # deleted while it was copied
             raise KeyError(key)
-        return e.device
+        return _EVICTED  # landed, then evicted for another reader's load before this one took it
+
+
+#: what :func:`_demand_load` returns when the block it landed was evicted before its reader took it
+_EVICTED = object()
 
 
 def _allocate(entries: Entries, key: Key, e: Entry, ev: threading.Event) -> tuple[bool, Any]:
