@@ -201,13 +201,7 @@ class LogisticLoop(IterativeAlgorithm):
             f += self.l1 * float(np.abs(z * (thr > 0)).sum())
             if np.abs(gmap).max() <= self.tol:
                 return replace(state, x=x_new, z=None, status=0, message="converged", passes=passes)
-            if gmap @ (x_new - x) > 0:  # momentum points uphill: restart
-                t = 1.0
-                z = x_new
-            else:
-                t_new = 0.5 * (1 + np.sqrt(1 + 4 * t * t))
-                z = x_new + ((t - 1) / t_new) * (x_new - x)
-                t = t_new
+            z, t = _accelerate(x, x_new, t, gmap)
             x = x_new
             ctx.checkpoint(replace(state, x=x, z=z, t=t, passes=list(passes)), loss=f,
                            grad_max=float(np.abs(gmap).max()),
@@ -281,15 +275,19 @@ class LogisticLoop(IterativeAlgorithm):
             if np.abs(g).max() <= self.tol:
                 return replace(state, x=z, status=0, message="converged", passes=passes)
             x_new = z - precond(g)
-            if g @ (x_new - x) > 0:  # momentum points uphill: restart
-                t = 1.0
-                z = x_new
-            else:
-                t_new = 0.5 * (1 + np.sqrt(1 + 4 * t * t))
-                z = x_new + ((t - 1) / t_new) * (x_new - x)
-                t = t_new
+            z, t = _accelerate(x, x_new, t, g)
             x = x_new
             ctx.checkpoint(replace(state, x=x, z=z, t=t, passes=list(passes)), loss=f,
                            grad_max=float(np.abs(g).max()),
                            line=f"iteration {ctx.iteration + 1}: loss {f:.10g}, max |gradient| {np.abs(g).max():.3g}")
         return replace(state, x=x, status=1, message="max_iter reached", passes=passes)
+
+
+def _accelerate(x: np.ndarray, x_new: np.ndarray, t: float, direction: np.ndarray) -> tuple[np.ndarray, float]:
+    """Nesterov's next point and momentum factor after the step ``x -> x_new``; restarted (no
+    momentum, ``t = 1``) when the momentum points uphill along ``direction`` (the gradient, or the
+    gradient mapping of a proximal step; O'Donoghue & Candès 2015)."""
+    if direction @ (x_new - x) > 0:
+        return x_new, 1.0
+    t_new = 0.5 * (1 + np.sqrt(1 + 4 * t * t))
+    return x_new + ((t - 1) / t_new) * (x_new - x), t_new
