@@ -429,25 +429,24 @@ class GPUPlacement(SchedulerPlugin):
             for key, holders, dst in moves:
                 by_dest[dst].append((key, list(holders)))
             stim = f"gdask-rebalance-{time.time()}"
-            done = await asyncio.gather(*[self._move_to(d, blocks) for d, blocks in by_dest.items()])
-            by_src: dict[str, list] = defaultdict(list)
-            for drop in done:
-                for addr, keys in drop.items():
-                    if addr is not None:
-                        by_src[addr].extend(keys)
-            await asyncio.gather(*[self._free_on_worker(a, ks, stim) for a, ks in by_src.items()])
+            done = await asyncio.gather(*[self._move_to(d, blocks, stim) for d, blocks in by_dest.items()])
             moved = sum(len(drop.get(None, ())) for drop in done)
             self.moves += moved
             logger.info("gdask: rebalanced %d blocks", moved)
         except Exception:  # noqa: BLE001 - a failed move leaves data where it was; log it loudly
             logger.exception("gdask: block rebalancing failed")
 
-    async def _move_to(self, dst: str, blocks: list[tuple[Any, list[str]]]) -> dict[Any, list]:
-        """Copy ``blocks`` (``(key, holders)``) to ``dst``, then drop their other copies from the
-        scheduler's state in the same step as the new copies became known, so a client asking where
-        the blocks are (``block_groups``, the next iteration's graph) never sees a block on two
-        workers, nor on a worker about to free it. Returns ``{old holder: keys}`` for the workers
-        to free, and under ``None`` the keys that moved."""
+    async def _move_to(self, dst: str, blocks: list[tuple[Any, list[str]]], stimulus_id: str) -> dict[Any, list]:
+        """Copy ``blocks`` (``(key, holders)``) to ``dst``, then ask the other holders to drop their
+        copies, in the same step as the new copies became known (no ``await`` in between), so a
+        client asking where the blocks are (``block_groups``, the next iteration's graph) never sees a
+        block on two workers, nor on a worker about to free it.
+
+        The old holders are asked the way distributed's active memory manager asks (``remove-replicas``):
+        the scheduler forgets their copies at once, and a holder where a task that reads the block is
+        already queued keeps its copy and says so (the scheduler then counts it again). A ``free-keys``
+        there would delete the block under that task. Returns ``{old holder: keys asked to drop}``,
+        and under ``None`` the keys that moved."""
         s = self.scheduler
         fetch = {key: holders for key, holders in blocks if dst not in holders}
         failed = await s.gather_on_worker(dst, fetch) if fetch else set()
@@ -455,39 +454,23 @@ class GPUPlacement(SchedulerPlugin):
         drop: dict[Any, list] = defaultdict(list)
         for key, holders in blocks:
             ts = s.tasks.get(key)
-            if key in failed or ts is None or ts.waiters:
+            if key in failed or ts is None or ts.state != "memory" or ts.waiters:
                 continue  # keep the old copies: a task is about to read them
-            if dst in {ws.address for ws in ts.who_has or ()}:
+            who = {ws.address for ws in ts.who_has or ()}
+            if dst in who:
                 if key in fetch:
                     drop[None].append(key)
                 for h in holders:
-                    if h != dst:
+                    if h != dst and h in who and h in s.workers:
                         drop[h].append(key)
-        self._drop_replicas({a: ks for a, ks in drop.items() if a is not None})
+        for addr, keys in drop.items():
+            if addr is not None and keys:
+                s.request_remove_replicas(addr, keys, stimulus_id=stimulus_id)
         residency = s.plugins.get(protocol.PLUGIN_RESIDENCY)
         if residency is not None:  # a block moved on purpose: its new holder is its home
             for key in drop.get(None, ()):
                 residency.rehome(key, dst)
         return drop
-
-    def _drop_replicas(self, by_src: dict[str, list]) -> None:
-        """Remove the copies ``{worker: keys}`` from the scheduler's state (each key keeps another)."""
-        s = self.scheduler
-        for addr, keys in by_src.items():
-            ws = s.workers.get(addr)
-            if ws is None:
-                continue
-            for key in keys:
-                ts = s.tasks.get(key)
-                if ts is not None and ts.state == "memory" and ws in (ts.who_has or ()) and len(ts.who_has) > 1:
-                    s.remove_replica(ts, ws)
-
-    async def _free_on_worker(self, addr: str, keys: list, stimulus_id: str) -> None:
-        """Ask a worker to free copies the scheduler no longer counts (see :meth:`_drop_replicas`)."""
-        try:
-            await self.scheduler.rpc(addr=addr).free_keys(keys=list(keys), stimulus_id=stimulus_id)
-        except OSError as e:  # the worker is leaving: its copies go with it
-            logger.warning("gdask: could not free moved blocks on %s: %s", addr, e)
 
     # -- RPC handlers ---------------------------------------------------------------------------
     def placement_stats(self) -> dict[str, dict[str, Any]]:

@@ -77,15 +77,34 @@ def test_the_warm_up_compiles_every_kernel_the_fits_run():
 def test_the_warm_up_changes_no_global_state_while_it_runs():
     """Another thread of the process (a worker's task) sees the same Dask config and warnings
     filters during the warm-up as before; the warm-up warns nothing."""
+    # compiled first: while numba compiles it holds its own warnings.catch_warnings for a moment in the
+    # compiling thread (numba's, not gdask's; test_the_warm_up_code_sets_no_warnings_filters_or_config
+    # checks that gdask sets none), so the run watched here is one that loads what is compiled
+    warm_kernels()
     config_before = dask.config.get("scheduler", None), dask.config.get("gdask", None)
     seen: list[tuple] = []
+    # the warm-up stops after its first kernel call until this thread has looked once: with the kernels
+    # already compiled the whole warm-up may otherwise end before this thread runs again
+    midway, looked = threading.Event(), threading.Event()
+
+    def progress(done, total):
+        if done == 1:
+            midway.set()
+            looked.wait(60)
+
+    def look():
+        seen.append((dask.config.get("scheduler", None), dask.config.get("gdask", None), list(warnings.filters)))
+
     with warnings.catch_warnings(record=True) as caught:  # process-wide: records the other thread's warnings
         warnings.simplefilter("always")
         filters = list(warnings.filters)
-        t = threading.Thread(target=warm_kernels)
+        t = threading.Thread(target=warm_kernels, kwargs={"progress": progress})
         t.start()
+        assert midway.wait(120), "the warm-up made no kernel call"
+        look()
+        looked.set()
         while t.is_alive():
-            seen.append((dask.config.get("scheduler", None), dask.config.get("gdask", None), list(warnings.filters)))
+            look()
         t.join()
     assert seen and all(s == (*config_before, filters) for s in seen)
     assert not caught, [str(w.message) for w in caught]

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.timeout(240)
 
 async def move_blocks(keys, n, dask_scheduler=None):
     """(on the scheduler) Move ``n`` of the blocks ``keys`` from the worker holding most of them to
-    another, the way the placement plugin rebalances (its own copy-then-free steps). A block that a
+    another, the way the placement plugin rebalances (its own copy-then-drop step). A block that a
     queued task is about to read stays put (as in the plugin), so this tries again for a while
     until some block has moved; returns how many did."""
     import asyncio
@@ -32,8 +32,7 @@ async def move_blocks(keys, n, dask_scheduler=None):
             src = only.most_common(1)[0][0]
             dst = next(a for a in dask_scheduler.workers if a != src)
             moving = [(k, h) for k, h in where.items() if h == [src]][:n]
-            drop = await p._move_to(dst, moving)
-            await p._free_on_worker(src, drop.get(src, []), f"test-move-{time.time()}")
+            drop = await p._move_to(dst, moving, f"test-move-{time.time()}")
             p.moves += len(drop.get(None, ()))
             # blocks that left src: copied to dst now, or already copied there (fetched earlier)
             left = len(set(drop.get(None, ())) | set(drop.get(src, ())))
