@@ -184,11 +184,19 @@ def test_epoch_plans_cover_every_training_row_once():
     for j, (p0, p1) in enumerate(zip(*plans)):
         got = [offsets[ranks[r][pos][0]] + rows for r, (parts, _) in enumerate((p0, p1)) for pos, rows in parts]
         assert sorted(np.concatenate(got).tolist()) == sorted(order[6 * j:6 * j + 6].tolist())
-    # one worker with every block: its rows, put back in order by ``inv``, are the batch itself
+    # one worker with every block: its rows, put back in order by ``inv``, are the batch itself; and
+    # each block gives the same rows, in the same order (the batch's), as it did on two workers (a
+    # block's part of a step does not depend on who holds it)
     one = [(b, {}) for b in range(4)]
     for j, (parts, inv) in enumerate(GlobalPlan(order, 6, offsets, one)):
+        batch = order[6 * j:6 * j + 6]
         cat = np.concatenate([offsets[one[pos][0]] + rows for pos, rows in parts])
-        np.testing.assert_array_equal(cat if inv is None else cat[inv], order[6 * j:6 * j + 6])
+        np.testing.assert_array_equal(cat if inv is None else cat[inv], batch)
+        split = {ranks[r][pos][0]: rows.tolist() for r in (0, 1) for pos, rows in plans[r][j][0]}
+        assert {one[pos][0]: rows.tolist() for pos, rows in parts} == split
+        for pos, rows in parts:
+            at = [batch.tolist().index(offsets[one[pos][0]] + r) for r in rows]
+            assert at == sorted(at)
     # the streaming plan: every training row of the worker once per epoch, the same number of steps
     for epoch in (0, 1):
         for loc in ranks:

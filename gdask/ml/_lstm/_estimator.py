@@ -45,6 +45,17 @@ def _add_feature_axis(b: Any) -> Any:
     return b[:, :, None]
 
 
+def _on_a_cluster() -> bool:
+    """Whether a fit here runs on a Dask cluster (a current Client), not in this one process."""
+    try:
+        from distributed import default_client
+
+        default_client()
+    except (ImportError, ValueError):
+        return False
+    return True
+
+
 def _n_devices() -> int:
     try:
         from distributed import default_client
@@ -230,7 +241,8 @@ class _LSTMBase(DeviceEstimatorMixin, BaseEstimator):
                                  lr=float(self.lr), optimizer=self.optimizer, weight_decay=float(self.weight_decay),
                                  seed=seed, n_validation=n_val, early_stopping=bool(self.early_stopping),
                                  n_iter_no_change=int(self.n_iter_no_change), tol=float(self.tol),
-                                 row_bytes=int(math.prod(G.shape[1:]) * G.dtype.itemsize))
+                                 row_bytes=int(math.prod(G.shape[1:]) * G.dtype.itemsize),
+                                 combine="blocks" if _on_a_cluster() else "batch")
         progress = Progress(self.verbose, self.callback, total=epochs, desc=type(self).__name__)
         res = run_loop(trainer, {"X": G, "Y": Y}, state, progress=progress)
         self._spec, self._state = spec, res.state
@@ -288,13 +300,17 @@ class LSTMRegressor(RegressorMixin, _LSTMBase):
     The model is ``nn.LSTM`` over the time steps and a linear layer on the last layer's final hidden
     state; the loss is the mean squared error (``nn.MSELoss``). Each step is one global mini-batch of
     ``batch_size`` rows, split among the workers by where its rows live (blocks are placed in
-    proportion to the devices' measured speeds, so a slow device gets a smaller share); gradients
-    are all-reduced with ``torch.distributed`` (gloo, NCCL on CUDA) and every replica takes the same
-    step: with the same seed, data and batch size the loss curve is a single-process loop's (see
-    :mod:`gdask.ml._lstm._torch` for the epoch order). The epoch loop runs on the workers, one task
-    per worker for the whole fit; without a Client it runs in this process on the local device.
-    A worker lost during the fit restarts it on the workers from the last finished epoch (at most
-    config ``gdask.engine.max-restarts`` times, then a ``CollectiveError``).
+    proportion to the devices' measured speeds, so a slow device gets a smaller share). Each worker
+    computes one gradient per block it holds, these are all-reduced with ``torch.distributed``
+    (gloo, NCCL on CUDA) and added in block order, and every replica takes the same step: with the
+    same seed, data and batch size the loss curve is a single-process loop's up to rounding, and the
+    same bits however the blocks are placed (see :mod:`gdask.ml._lstm._torch` for the epoch order).
+    The epoch loop runs on the workers, one task per worker for the whole fit; without a Client it
+    runs in this process on the local device, one gradient per batch: a plain PyTorch loop's bits.
+    A worker lost during the fit restarts it on the workers from the last finished epoch, with the
+    same bits as a fit that lost none when the data fits on the devices (at most config
+    ``gdask.engine.max-restarts`` times, then a ``CollectiveError``). Data larger than the devices
+    is streamed, each worker through its own blocks: there the order depends on the placement.
 
     Parameters
     ----------
@@ -303,8 +319,9 @@ class LSTMRegressor(RegressorMixin, _LSTMBase):
     num_layers : int, default 1
         Stacked LSTM layers.
     dropout : float, default 0.0
-        Dropout between LSTM layers (as ``nn.LSTM``: no effect with one layer). Masks are seeded per
-        epoch and worker, so with dropout a data-parallel fit is not a single process's.
+        Dropout between LSTM layers (as ``nn.LSTM``: no effect with one layer). On a cluster the
+        masks are seeded per epoch, step and block (whoever holds it), so with dropout a
+        data-parallel fit is not a single process's.
     bidirectional : bool, default False
     epochs : int, default 20
         Passes over the training rows at most (the stopping rule may end the fit earlier).

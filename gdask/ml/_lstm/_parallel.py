@@ -147,9 +147,11 @@ def _gloo(dist: Any, store: Any, rank: int, size: int, timeout: datetime.timedel
 # -- the epoch plans ------------------------------------------------------------------------------------
 class GlobalPlan:
     """Data on the devices: global batches of the epoch's order. Each step yields this worker's part,
-    ``(parts, inv)``: ``parts`` = ``[(local position, block-local rows)]`` in block order, and ``inv``
-    the permutation that puts the rows gathered block by block back in the batch's order (None when
-    they are in it): one worker holding every block computes exactly a single process's batch."""
+    ``(parts, inv)``: ``parts`` = ``[(local position, block-local rows)]`` in block order, each block's
+    rows in the batch's order (what a block contributes to a step depends on the block only, never on
+    which worker holds it), and ``inv`` the permutation that puts the rows gathered block by block back
+    in the batch's order (None when they are in it): one worker holding every block computes exactly a
+    single process's batch."""
 
     def __init__(self, order: np.ndarray, batch_size: int, offsets: np.ndarray, local: list) -> None:
         self.order = order
@@ -168,7 +170,7 @@ class GlobalPlan:
             if not rows.size:
                 yield [], None
                 continue
-            by_block = np.argsort(own, kind="stable")
+            by_block = np.argsort(own, kind="stable")  # stable: each block's rows stay in the batch's order
             own, rows = own[by_block], rows[by_block]
             cuts = [0, *(np.flatnonzero(np.diff(own)) + 1).tolist(), len(own)]
             parts = [(self.pos[int(own[a])], rows[a:b] - self.offsets[own[a]]) for a, b in zip(cuts, cuts[1:])]

@@ -4,12 +4,14 @@ engine, and prediction on blocks.
 Imported only when an LSTM estimator fits or predicts (``import gdask.ml`` does not import torch).
 
 Training is data-parallel: one model replica per device worker, the epoch loop in one task per
-worker (the iteration engine's loop on the workers). Every step each worker computes the gradient of
-the SUM of the per-row losses over the rows of the global mini-batch that live in its blocks, the
-sums are all-reduced with ``torch.distributed`` (gloo; NCCL on CUDA devices) in a process group made
-for the fit, divided by the global batch size, and every replica takes the same optimizer step. So
-with the same seed, data and global batch the loss curve is a single process's (up to the rounding
-of the sum's order).
+worker (the iteration engine's loop on the workers). Every step each worker computes, for each of its
+blocks, the gradient of the SUM of the per-row losses over the rows of the global mini-batch that live
+in that block; those per-block partials are all-reduced with ``torch.distributed`` (gloo; NCCL on CUDA
+devices) in a process group made for the fit, each into its block's own slot, then added in block
+order, divided by the global batch size, and every replica takes the same optimizer step. So with the
+same seed, data and global batch the loss curve is a single process's (up to the rounding of the
+sum's order), and it is the same bits whichever worker holds which block: a fit resumed after a lost
+worker, on fewer workers, continues exactly as it would have gone (data on the devices).
 
 The epoch's order: data that fits on the devices is shuffled globally, ``np.random.default_rng([seed,
 epoch]).permutation`` over the training rows, cut into global batches of ``batch_size`` rows (the last
@@ -160,7 +162,7 @@ class LSTMTrainer(IterativeAlgorithm):
     """Data-parallel mini-batch training on the iteration engine (loop on the workers only).
 
     The state is a :class:`TrainState`: model and optimizer state dicts as NumPy arrays, the
-    early-stopping counters. ``ctx.checkpoint`` after every epoch: the fit shows per-epoch progress and resumes from
+    early-stopping counters. ``combine`` says how each step's gradient is summed (see ``self.combine``). ``ctx.checkpoint`` after every epoch: the fit shows per-epoch progress and resumes from
     the last finished epoch.
     """
 
@@ -169,8 +171,15 @@ class LSTMTrainer(IterativeAlgorithm):
 
     def __init__(self, spec: ModelSpec, task: str, row_blocks: tuple[int, ...], *, epochs: int, batch_size: int,
                  lr: float, optimizer: str, weight_decay: float, seed: int, n_validation: int, early_stopping: bool,
-                 n_iter_no_change: int, tol: float, row_bytes: int, window_fraction: float = 0.5) -> None:
+                 n_iter_no_change: int, tol: float, row_bytes: int, window_fraction: float = 0.5,
+                 combine: str = "blocks") -> None:
+        if combine not in ("blocks", "batch"):
+            raise ValueError(f"combine must be 'blocks' or 'batch', got {combine!r}")
         self.spec = spec
+        #: "blocks": each step's gradient is the sum of per-block partials in block order (the same bits
+        #: whichever worker holds which block); "batch": one gradient over the batch in its own order,
+        #: a plain single-process loop's bits (for a fit in one process, which holds every block)
+        self.combine = combine
         self.task = task
         self.row_blocks = tuple(int(r) for r in row_blocks)
         self.epochs = int(epochs)
@@ -254,12 +263,12 @@ class LSTMTrainer(IterativeAlgorithm):
                 plan = GlobalPlan(self.epoch_order(epoch, train), self.batch_size, offsets, local)
             loss_total, mine = 0.0, 0
             with torch.random.fork_rng(devices=[0] if tdev.type == "cuda" else []):
-                # dropout masks: seeded per epoch and rank, so a resumed fit draws the same ones
-                torch.manual_seed(int(np.random.default_rng([self.seed, epoch, ctx.rank, 7]).integers(2**31)))
                 model.train()
-                for parts, inv in plan:
-                    loss_total += self._step(model, opt, params, parts, inv, local, cache, plan, group, dev,
-                                             tdev, busy)
+                if self.combine == "batch":  # dropout masks: seeded per epoch and rank (one rank)
+                    torch.manual_seed(int(np.random.default_rng([self.seed, epoch, ctx.rank, 7]).integers(2**31)))
+                for step, (parts, inv) in enumerate(plan):
+                    loss_total += self._step(model, opt, params, parts, inv, local, cache, plan, group, dev, tdev,
+                                             busy, (epoch, step))
                     mine += sum(int(rows.size) for _, rows in parts)
             if ctx.streaming:
                 cache.clear()
@@ -272,42 +281,53 @@ class LSTMTrainer(IterativeAlgorithm):
                            line=_line(state.epoch, record, self.task))
         return state
 
-    def _step(self, model, opt, params, parts, inv, local, cache, plan, group, dev, tdev, busy) -> float:
+    def _step(self, model, opt, params, parts, inv, local, cache, plan, group, dev, tdev, busy, when) -> float:
         """One optimizer step; ``parts`` = ``[(local position, block-local rows)]``: the rows of the
-        global batch this worker holds (``inv``: their order in the batch, see :class:`GlobalPlan`).
-        Returns the batch's summed loss (all ranks)."""
+        global batch this worker holds, block by block (``inv``: their order in the batch, see
+        :class:`GlobalPlan`); ``when`` = (epoch, step). Returns the batch's summed loss (all ranks)."""
         t = time.perf_counter()
+        width = sum(p.numel() for p in params) + 2
+        n_slots = len(self.row_blocks) if self.combine == "blocks" else 1
+
+        def partial(x: torch.Tensor, y: torch.Tensor, slot: torch.Tensor) -> None:
+            """The gradient of the summed loss over rows ``x, y``, the loss and the row count, into ``slot``."""
+            opt.zero_grad(set_to_none=True)
+            loss = self.loss_sum(model(x), y)
+            loss.backward()
+            slot[:-2] = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                                   for p in params])
+            slot[-2] = loss.detach()
+            slot[-1] = float(y.shape[0])
+
+        def rows(pos: int, r: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+            blk = self._tensors(pos, local, cache, tdev)
+            idx = torch.from_numpy(r).to(tdev)
+            return blk.x.index_select(1, idx), blk.y.index_select(0, idx)
 
         def compute() -> torch.Tensor:
-            opt.zero_grad(set_to_none=True)
-            xs, ys = [], []
-            for pos, rows in parts:
-                blk = self._tensors(pos, local, cache, tdev)
-                idx = torch.from_numpy(rows).to(tdev)
-                xs.append(blk.x.index_select(1, idx))
-                ys.append(blk.y.index_select(0, idx))
-            if xs:
+            slots = torch.zeros((n_slots, width), dtype=params[0].dtype, device=tdev)
+            if self.combine == "blocks":
+                for pos, r in parts:
+                    b = local[pos][0]
+                    if self.spec.dropout > 0:  # the block's own dropout masks: the same whoever holds it
+                        torch.manual_seed(int(np.random.default_rng([self.seed, *when, b, 7]).integers(2**31)))
+                    partial(*rows(pos, r), slots[b])
+            elif parts:  # the whole batch at once, in its own order: what one process computes
+                xs, ys = zip(*(rows(pos, r) for pos, r in parts))
                 x = xs[0] if len(xs) == 1 else torch.cat(xs, dim=1)
                 y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=0)
-                if inv is not None:  # the batch's own order: the same sums as one process computes
+                if inv is not None:
                     order = torch.from_numpy(inv).to(tdev)
                     x, y = x.index_select(1, order), y.index_select(0, order)
-                loss = self.loss_sum(model(x), y)
-                loss.backward()
-                count = y.shape[0]
-                lsum = loss.detach()
-            else:
-                count, lsum = 0, torch.zeros((), dtype=params[0].dtype, device=tdev)
-            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
-                             + [lsum.reshape(1).to(params[0].dtype),
-                                torch.tensor([float(count)], dtype=params[0].dtype, device=tdev)])
+                partial(x, y, slots[0])
             if tdev.type == "cuda":
                 torch.cuda.synchronize(tdev)
-            return flat
+            return slots
 
-        flat = dev.compute(compute)  # emulated devices: timed and slowed down by their speed
+        slots = dev.compute(compute)  # emulated devices: timed and slowed down by their speed
         busy[0] += time.perf_counter() - t
-        group.allreduce(flat)
+        group.allreduce(slots)  # each block's slot comes from its one holder: exact, in any order
+        flat = in_block_order(slots)
         lsum, total = float(flat[-2]), float(flat[-1])
         if total > 0:  # the gradient of the batch's mean loss, the same on every replica
             grads = flat[:-2] / total
@@ -340,29 +360,35 @@ class LSTMTrainer(IterativeAlgorithm):
     def _end_of_epoch(self, model, state, ctx, local, offsets, val, cache, group, dev, tdev, loss, h2d0):
         """The epoch's record (all ranks agree): loss, validation score, host->device bytes (those of
         the validation pass included)."""
-        sums = self._validation_sums(model, ctx, local, offsets, val, cache, tdev) if val.size else []
-        stats = [float(int(getattr(dev, "bytes_h2d", 0)) - h2d0), *sums]
-        t = torch.tensor(stats, dtype=torch.float64, device=tdev)
+        sums = self._validation_sums(model, ctx, local, offsets, val, cache, tdev) if val.size else None
+        t = torch.zeros((1 + (0 if sums is None else len(self.row_blocks)), 1 + (0 if sums is None else
+                                                                                  sums.shape[1])),
+                        dtype=torch.float64, device=tdev)
+        t[0, 0] = float(int(getattr(dev, "bytes_h2d", 0)) - h2d0)  # a count of bytes: exact in any order
+        if sums is not None:
+            t[1:, 1:] = torch.from_numpy(sums).to(tdev)
         group.allreduce(t)
-        stats = t.cpu().numpy()
-        record = {"epoch": state.epoch + 1, "loss": float(loss), "h2d_bytes": int(stats[0])}
+        stats = t.cpu()
+        record = {"epoch": state.epoch + 1, "loss": float(loss), "h2d_bytes": int(stats[0, 0])}
         score = None
-        if val.size:
-            score = _score(self.task, stats[1:], self.spec.n_outputs)
+        if sums is not None:
+            score = _score(self.task, in_block_order(stats[1:, 1:], count=0).numpy(), self.spec.n_outputs)
             record["validation_score"] = score
         return record, score
 
-    def _validation_sums(self, model, ctx, local, offsets, val, cache, tdev) -> list[float]:
-        """Per-worker sums over its validation rows: regression ``[count, SSE_k..., sum_k..., sumsq_k...]``,
+    def _validation_sums(self, model, ctx, local, offsets, val, cache, tdev) -> np.ndarray:
+        """Per-block sums over the validation rows of this worker's blocks, one row per block of the
+        data (zeros for others' blocks): regression ``[count, SSE_k..., sum_k..., sumsq_k...]``,
         classification ``[count, correct]``."""
         k = self.spec.n_outputs
-        sums = np.zeros(1 + (3 * k if self.task == "regression" else 1))
+        table = np.zeros((len(self.row_blocks), 1 + (3 * k if self.task == "regression" else 1)))
         model.eval()
         with torch.no_grad():
             for pos, (b, _) in enumerate(local):
                 rows = val[(val >= offsets[b]) & (val < offsets[b + 1])] - offsets[b]
                 if not rows.size:
                     continue
+                sums = table[b]
                 blk = self._tensors(pos, local, cache, tdev)
                 for j in range(0, rows.size, 4 * self.batch_size):
                     idx = torch.from_numpy(rows[j:j + 4 * self.batch_size]).to(tdev)
@@ -380,7 +406,7 @@ class LSTMTrainer(IterativeAlgorithm):
                 if ctx.streaming:
                     cache.pop(pos, None)
         model.train()
-        return sums.tolist()
+        return table
 
     def _next_state(self, state: TrainState, model, opt, loss: float, score: float | None) -> TrainState:
         """The state after an epoch, with scikit-learn MLP's stopping rule: stop once the training loss
@@ -398,6 +424,18 @@ class LSTMTrainer(IterativeAlgorithm):
                 best = loss
         return replace(state, epoch=state.epoch + 1, model=params, optim=_host_tree(opt.state_dict()), best=best,
                        best_model=best_model, no_improve=no_improve, stopped=no_improve > self.n_iter_no_change)
+
+
+def in_block_order(slots: torch.Tensor, count: int = -1) -> torch.Tensor:
+    """The sum of the rows of ``slots`` (one per block of the data) whose column ``count`` is
+    positive, added one by one in block order: the same bits whichever worker computed which row."""
+    used = torch.nonzero(slots[:, count] > 0).flatten().tolist()
+    if not used:
+        return torch.zeros_like(slots[0])
+    acc = slots[used[0]].clone()
+    for b in used[1:]:
+        acc += slots[b]
+    return acc
 
 
 def _nbytes(x: Any) -> int:
