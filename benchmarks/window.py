@@ -114,6 +114,45 @@ def _warm(dask_worker=None):
     return True
 
 
+def _bus_bandwidth(nbytes: int, repeat: int = 5) -> float:
+    """(a task on a worker) Host->device bytes per second of this worker's device: ``nbytes`` copied
+    ``repeat`` times, the median copy (what a window load pays: the pool's buffer, the copy, and on
+    emulated devices their bandwidth)."""
+    from gdask.devices import current_device
+
+    dev = current_device()
+    x = np.ones(max(1, nbytes // 4), np.float32)
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        y = dev.asarray(x)
+        dev.synchronize()
+        times.append(time.perf_counter() - t0)
+        del y
+    return x.nbytes / float(np.median(times))
+
+
+def bound_row(win: dict, opt: dict, traces: dict, block_bytes: int, ref: dict, bus: dict, a) -> dict:
+    """The bandwidth bound of (a)'s iteration: max((d)'s all-fits time, the slowest worker's
+    non-resident bytes per pass / its measured host->device bandwidth). A worker's non-resident
+    blocks are those it reads in a pass beyond the device slots it has at rest (Belady's slots): no
+    policy avoids copying them once per pass."""
+    passes = a.iterations * a.repeat
+    copy_ms = {}
+    for w, trace in traces.items():
+        per_pass = len(trace) / passes if passes else 0  # reads per pass (each block once)
+        nonres = max(0.0, per_pass - opt["slots_per_worker"].get(w, 0))
+        bw = bus.get(w)
+        copy_ms[w] = 1e3 * nonres * block_bytes / bw if bw else float("nan")
+    slowest = max(copy_ms.values(), default=0.0)
+    bound = max(ref["ms_per_iter"], slowest)
+    return {"ms_per_iter": bound, "all_fits_ms": ref["ms_per_iter"], "copy_ms_per_worker": copy_ms,
+            "bus_bytes_per_s": bus, "ratio": win["ms_per_iter"] / bound,
+            "paired_ratio_median": float(np.median([x / max(r, slowest) for x, r in
+                                                    zip(win["ms_per_iter_runs"], ref["ms_per_iter_runs"])])),
+            "belady_share": win["hit_rate"] / opt["hit_rate"] if opt["hit_rate"] else float("nan")}
+
+
 def _trace_install(dask_worker=None):
     """Record the block reads of this worker's window store (in the order the store serves them:
     its policy's ``on_read`` is called under the store's lock for every read of a managed block)."""
@@ -191,6 +230,11 @@ class Config:
         self.client = client = stack.enter_context(Client(cluster, set_as_default=False))
         self.threads = sorted({w["nthreads"] for w in client.scheduler_info(n_workers=-1)["workers"].values()})
         client.run(_warm)
+        # the bus, measured before the data is there (a copy then needs no room)
+        block = a.block_rows * self.X.shape[1] * self.X.itemsize
+        self.bus = {w: client.submit(_bus_bandwidth, block, workers=[w], allow_other_workers=False,
+                                     pure=False).result(timeout=120)
+                    for w in client.scheduler_info(n_workers=-1)["workers"]}
         with client.as_current():
             t0 = time.perf_counter()
             self.G = gdask.from_array(self.X, block_rows=a.block_rows).persist()
@@ -285,7 +329,7 @@ def run_configs(configs, X, init, a):
             for _ in range(a.repeat):
                 c.run()
     done = group + rest
-    return [c.result() for c in done], {c.key: c.traces for c in done}, done[0].threads
+    return [c.result() for c in done], {c.key: c.traces for c in done}, done[0].threads, group[1].bus
 
 
 def main(argv=None):
@@ -336,7 +380,7 @@ def main(argv=None):
     ]
     if a.quick:
         configs = [c for c in configs if c[0] != "window-plain"]
-    results, traces, threads = run_configs(configs, X, init, a)
+    results, traces, threads, bus_bw = run_configs(configs, X, init, a)
     ref = results[0]
     win = results[1]
     results.insert(3, optimal_row(win, traces["window"], a, block_bytes, X.nbytes, ref))
@@ -389,6 +433,13 @@ def main(argv=None):
           f"({abs(gain) / lalt['ms_per_iter']:.0%}) {word}; run-by-run median (a)/(b) "
           f"{win['paired_ratio_to_lru_alternating']:.2f}")
     print(f"scan order alone (LRU both): alternating {lalt['hit_rate']:.1%} vs cyclic {lcyc['hit_rate']:.1%} hit rate")
+    bound = bound_row(win, opt, traces["window"], block_bytes, ref, bus_bw, a)
+    print(f"bandwidth bound of (a): max((d) all fits {bound['all_fits_ms']:.1f} ms/iter, slowest worker's non-resident "
+          f"bytes / its measured bus ({', '.join(f'{v:.1f}' for v in bound['copy_ms_per_worker'].values())} ms/iter at "
+          f"{', '.join(f'{v / 1e9:.2f}' for v in bound['bus_bytes_per_s'].values())} GB/s)) = "
+          f"{bound['ms_per_iter']:.1f} ms/iter; (a) {win['ms_per_iter']:.1f} ms/iter = {bound['ratio']:.2f}x the bound "
+          f"(run-by-run median {bound['paired_ratio_median']:.2f}x); hit rate {win['hit_rate']:.1%} = "
+          f"{bound['belady_share']:.0%} of Belady's {opt['hit_rate']:.1%}")
     bars = {
         "hit_rate>=45%": win["hit_rate"] >= 0.45,
         "lru_cyclic_hit_rate<5%": lcyc["hit_rate"] < 0.05,
@@ -397,12 +448,14 @@ def main(argv=None):
         "time_within_1.3x_of_d": win["ratio_to_d"] <= 1.3,
         "faster_than_lru_alternating (run-by-run median)": win["paired_ratio_to_lru_alternating"] < 1.0,
         "identical_results": all(r["identical_to_d"] for r in results if r["measured"]),
+        "time_within_1.05x_of_bandwidth_bound": bound["ratio"] <= 1.05,
+        "hit_rate>=95%_of_belady": bound["belady_share"] >= 0.95,
     }
     print("bars (a): " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in bars.items()))
     out = {
         "backend": a.backend, "devices": a.devices, "repeat": a.repeat, "device_memory": mem, "bandwidth": bw,
         "rows": n, "features": a.features, "k": a.clusters, "iterations": a.iterations, "block_rows": a.block_rows,
-        "data_bytes": X.nbytes, "setup": setup, "bars": bars,
+        "data_bytes": X.nbytes, "setup": setup, "bars": bars, "bound": bound,
         "results": [{k: v for k, v in r.items() if k != "centers"} for r in results]}
     _common.write_json(a.json, out)
     if a.plot:

@@ -66,6 +66,9 @@ def _check_window(d):
     assert opt["hits"] >= win["hits"]  # no policy beats the optimum on its own trace and slots
     assert rows["lru-alternating"]["scan"] == win["scan"]  # same scan order and hints as the window
     assert all(r["identical_to_d"] for r in rows.values() if r["measured"])
+    b = d["bound"]  # the bandwidth bound: never below the all-fits time; the bus was measured on each worker
+    assert b["ms_per_iter"] >= rows["all-fits"]["ms_per_iter"] and b["ratio"] > 0
+    assert len(b["bus_bytes_per_s"]) == d["devices"] and all(v > 0 for v in b["bus_bytes_per_s"].values())
 
 
 def _check_sharing(d):

@@ -162,8 +162,9 @@ class LSTMTrainer(IterativeAlgorithm):
     """Data-parallel mini-batch training on the iteration engine (loop on the workers only).
 
     The state is a :class:`TrainState`: model and optimizer state dicts as NumPy arrays, the
-    early-stopping counters. ``combine`` says how each step's gradient is summed (see ``self.combine``). ``ctx.checkpoint`` after every epoch: the fit shows per-epoch progress and resumes from
-    the last finished epoch.
+    early-stopping counters. ``combine`` says how each step's gradient is summed (see ``self.combine``).
+    ``ctx.checkpoint`` after every epoch: the fit shows per-epoch progress and resumes from the last
+    finished epoch.
     """
 
     name = "lstm"
