@@ -127,3 +127,19 @@ def test_a_lost_worker_restarts_the_fit_from_its_last_epoch(client, caplog):
     # same bits (each block's gradient partial is added in block order, whoever holds the block)
     np.testing.assert_array_equal(reg.loss_curve_, ref.loss_curve_)
     np.testing.assert_array_equal(reg.predict(X[:50]), ref.predict(X[:50]))
+
+
+def test_gradients_per_worker_are_a_config_choice(client):
+    """config gdask.ml.torch.gradients: "workers" sums one gradient per worker (placement-dependent
+    rounding: the same curve as "blocks" up to it); anything else is a clear error."""
+    import dask
+
+    X, y = sine_windows(600, T=6, seed=4)
+    G = gdask.from_array(X, block_rows=100).persist()
+    kw = dict(hidden_size=4, epochs=2, batch_size=64, lr=1e-2, random_state=2)
+    blocks = LSTMRegressor(**kw).fit(G, y)
+    with dask.config.set({"gdask.ml.torch.gradients": "workers"}):
+        workers = LSTMRegressor(**kw).fit(G, y)
+    np.testing.assert_allclose(workers.loss_curve_, blocks.loss_curve_, rtol=1e-4)
+    with dask.config.set({"gdask.ml.torch.gradients": "rows"}), pytest.raises(ValueError, match="gradients"):
+        LSTMRegressor(**kw).fit(G, y)

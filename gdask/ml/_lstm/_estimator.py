@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 
+from gdask import config
 from gdask.devices import array_namespace, module_available, to_numpy
 from gdask.gdataset import GDataSet, Progress, default_block_rows, from_array, run_loop
 from gdask.ml._base import DeviceEstimatorMixin, Input, host_array, shared_docs
@@ -54,6 +55,14 @@ def _on_a_cluster() -> bool:
     except (ImportError, ValueError):
         return False
     return True
+
+
+def _gradients() -> str:
+    """How a fit on a cluster sums each step's gradient: config ``gdask.ml.torch.gradients``."""
+    value = str(config.get("ml.torch.gradients", "blocks"))
+    if value not in ("blocks", "workers"):
+        raise ValueError(f"gdask.ml.torch.gradients must be 'blocks' or 'workers', got {value!r}")
+    return value
 
 
 def _n_devices() -> int:
@@ -242,7 +251,7 @@ class _LSTMBase(DeviceEstimatorMixin, BaseEstimator):
                                  seed=seed, n_validation=n_val, early_stopping=bool(self.early_stopping),
                                  n_iter_no_change=int(self.n_iter_no_change), tol=float(self.tol),
                                  row_bytes=int(math.prod(G.shape[1:]) * G.dtype.itemsize),
-                                 combine="blocks" if _on_a_cluster() else "batch")
+                                 combine=_gradients() if _on_a_cluster() else "workers")
         progress = Progress(self.verbose, self.callback, total=epochs, desc=type(self).__name__)
         res = run_loop(trainer, {"X": G, "Y": Y}, state, progress=progress)
         self._spec, self._state = spec, res.state
@@ -304,7 +313,9 @@ class LSTMRegressor(RegressorMixin, _LSTMBase):
     computes one gradient per block it holds, these are all-reduced with ``torch.distributed``
     (gloo, NCCL on CUDA) and added in block order, and every replica takes the same step: with the
     same seed, data and batch size the loss curve is a single-process loop's up to rounding, and the
-    same bits however the blocks are placed (see :mod:`gdask.ml._lstm._torch` for the epoch order).
+    same bits however the blocks are placed (see :mod:`gdask.ml._lstm._torch` for the epoch order;
+    config ``gdask.ml.torch.gradients: workers`` takes one gradient per worker instead of one per
+    block: fewer backward passes, bits that depend on the placement).
     The epoch loop runs on the workers, one task per worker for the whole fit; without a Client it
     runs in this process on the local device, one gradient per batch: a plain PyTorch loop's bits.
     A worker lost during the fit restarts it on the workers from the last finished epoch, with the

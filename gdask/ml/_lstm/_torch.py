@@ -174,12 +174,13 @@ class LSTMTrainer(IterativeAlgorithm):
                  lr: float, optimizer: str, weight_decay: float, seed: int, n_validation: int, early_stopping: bool,
                  n_iter_no_change: int, tol: float, row_bytes: int, window_fraction: float = 0.5,
                  combine: str = "blocks") -> None:
-        if combine not in ("blocks", "batch"):
-            raise ValueError(f"combine must be 'blocks' or 'batch', got {combine!r}")
+        if combine not in ("blocks", "workers"):
+            raise ValueError(f"combine must be 'blocks' or 'workers', got {combine!r}")
         self.spec = spec
         #: "blocks": each step's gradient is the sum of per-block partials in block order (the same bits
-        #: whichever worker holds which block); "batch": one gradient over the batch in its own order,
-        #: a plain single-process loop's bits (for a fit in one process, which holds every block)
+        #: whichever worker holds which block); "workers": one gradient per worker over its rows of the
+        #: batch, in the batch's order, summed by the all-reduce (one backward per step and worker, but
+        #: the bits depend on the placement; with one worker, a plain single-process loop's bits)
         self.combine = combine
         self.task = task
         self.row_blocks = tuple(int(r) for r in row_blocks)
@@ -265,7 +266,7 @@ class LSTMTrainer(IterativeAlgorithm):
             loss_total, mine = 0.0, 0
             with torch.random.fork_rng(devices=[0] if tdev.type == "cuda" else []):
                 model.train()
-                if self.combine == "batch":  # dropout masks: seeded per epoch and rank (one rank)
+                if self.combine == "workers":  # dropout masks: seeded per epoch and rank
                     torch.manual_seed(int(np.random.default_rng([self.seed, epoch, ctx.rank, 7]).integers(2**31)))
                 for step, (parts, inv) in enumerate(plan):
                     loss_total += self._step(model, opt, params, parts, inv, local, cache, plan, group, dev, tdev,
@@ -313,7 +314,7 @@ class LSTMTrainer(IterativeAlgorithm):
                     if self.spec.dropout > 0:  # the block's own dropout masks: the same whoever holds it
                         torch.manual_seed(int(np.random.default_rng([self.seed, *when, b, 7]).integers(2**31)))
                     partial(*rows(pos, r), slots[b])
-            elif parts:  # the whole batch at once, in its own order: what one process computes
+            elif parts:  # this worker's rows at once, in the batch's order (all of it: what one process computes)
                 xs, ys = zip(*(rows(pos, r) for pos, r in parts))
                 x = xs[0] if len(xs) == 1 else torch.cat(xs, dim=1)
                 y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=0)
@@ -327,7 +328,7 @@ class LSTMTrainer(IterativeAlgorithm):
 
         slots = dev.compute(compute)  # emulated devices: timed and slowed down by their speed
         busy[0] += time.perf_counter() - t
-        group.allreduce(slots)  # each block's slot comes from its one holder: exact, in any order
+        group.allreduce(slots)  # "blocks": each block's slot comes from its one holder, exact in any order
         flat = in_block_order(slots)
         lsum, total = float(flat[-2]), float(flat[-1])
         if total > 0:  # the gradient of the batch's mean loss, the same on every replica
