@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import pickle
 import threading
 import time
 from collections import OrderedDict
@@ -26,6 +27,27 @@ __all__ = ["CollectiveError", "CollectivePlugin", "Communicator", "Mailbox", "St
            "mailbox", "rank_task"]
 
 _MAX_KEPT = 1024
+
+#: values an all-gather sends as one pickled frame when their pickle is at most this long (bytes)
+_SMALL = 256 * 1024
+
+
+def pack(value: Any) -> tuple[Any, bool]:
+    """What an all-gather sends for ``value``, and whether it is packed.
+
+    A small value (its pickle and buffers at most :data:`_SMALL` bytes) goes as one pickled frame: a
+    K-means pass's partials are dozens of small arrays, which distributed's serialization sends as a
+    frame each (measured: ~6x the CPU of one pickle, on both ends). A large value goes through
+    distributed's serialization as before (its buffers are not copied)."""
+    buffers: list = []
+    try:
+        head = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
+        size = len(head) + sum(b.raw().nbytes for b in buffers)
+        if size > _SMALL:
+            return to_serialize(value), False
+        return pickle.dumps(value, protocol=5), True  # the buffers in-band: one frame
+    except Exception:  # noqa: BLE001 - not picklable as is (or a buffer not contiguous): distributed's serializers
+        return to_serialize(value), False
 
 
 class CollectiveError(RuntimeError):
@@ -87,8 +109,9 @@ class Mailbox:
                 del self.box[key]
 
     # worker handlers (a handler without a ``comm`` parameter gets the message as keywords)
-    async def handle(self, token: str = "", step: int = 0, dest: int = 0, src: int = 0, data: Any = None) -> str:
-        self.deliver(token, step, dest, src, data)
+    async def handle(self, token: str = "", step: int = 0, dest: int = 0, src: int = 0, data: Any = None,
+                     packed: bool = False) -> str:
+        self.deliver(token, step, dest, src, pickle.loads(data) if packed else data)
         return "OK"
 
     async def handle_abort(self, token: str = "", reason: str = "") -> str:
@@ -171,14 +194,18 @@ class Communicator:
         me = self.worker.address
         box = self.mailbox
         sends = []
+        wire = None
         for r, addr in enumerate(self.peers):
             if r == self.rank:
                 continue
             if addr == me:  # a rank on this worker
                 box.deliver(self.token, step, r, self.rank, value)
             else:
+                if wire is None:
+                    wire = pack(value)
+                data, packed = wire
                 sends.append(self._send(addr, protocol.HANDLER_COLLECTIVE, token=self.token, step=step, dest=r,
-                                        src=self.rank, data=to_serialize(value)))
+                                        src=self.rank, data=data, packed=packed))
         box.deliver(self.token, step, self.rank, self.rank, value)
         limit = self.timeout if timeout is None else timeout
         deadline = None if limit is None else time.monotonic() + limit
