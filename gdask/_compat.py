@@ -78,14 +78,15 @@ def set_worker_data(worker: Any, store: Any) -> None:
     worker.state.data = store
 
 
-def wrap_transfer_handler(worker: Any, around: Callable[[], ContextManager[Any]]) -> Callable[[], None]:
+def wrap_transfer_handler(worker: Any, around: Callable[[Any], ContextManager[Any]]) -> Callable[[], None]:
     """Run ``worker``'s ``get_data`` handler (it reads the data it sends to other workers and to
-    clients from the worker's data store) inside ``around()``. Returns a function that undoes it
-    (when nothing replaced the handler since)."""
+    clients from the worker's data store) inside ``around(who)``: ``who`` is the address of the
+    worker that asks (a dependency fetch, a replica), None for a client or the scheduler. Returns a
+    function that undoes it (when nothing replaced the handler since)."""
     original = worker.handlers["get_data"]
 
     async def get_data(comm: Any, keys: Any, who: Any = None, serializers: Any = None, **kwargs: Any) -> Any:
-        with around():
+        with around(who):
             return await original(comm, keys=keys, who=who, serializers=serializers, **kwargs)
 
     worker.handlers["get_data"] = get_data

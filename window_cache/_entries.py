@@ -175,6 +175,18 @@ class Entries:
         self.fit(protect=(), job=job)
         self.sample()
 
+    def add_host(self, key: Key, host: Any, nbytes: int, job: str | None) -> Entry:
+        """A new block on the host (one that arrived from another worker); the caller may start its
+        load onto the device (:meth:`Prefetcher.load`)."""
+        e = Entry(nbytes=nbytes, host=host, job=job)
+        self.entries[key] = e
+        self.host_bytes += nbytes
+        self.largest = max(self.largest, nbytes)
+        self.policy.on_insert(key)
+        self.spill_host()
+        self.sample()
+        return e
+
     def pop(self, key: Key) -> Entry:
         """Forget ``key`` (``KeyError`` when it is not managed): its device, host and disk copies."""
         e = self.entries.pop(key)

@@ -37,14 +37,12 @@ Key = Hashable
 
 @dataclass(frozen=True)
 class Reader:
-    """Who reads: ``kind`` is ``"transfer"`` (sending to another worker or a client) or ``"task"``
-    (assembling the inputs of task ``task``)."""
+    """Who reads: ``kind`` is ``"transfer"`` (sending to another worker, ``to_worker``, or to a
+    client) or ``"task"`` (assembling the inputs of task ``task``)."""
 
     kind: str
     task: Any = None
-
-
-TRANSFER = Reader("transfer")
+    to_worker: bool = False
 
 #: the reader of the current asyncio task or thread (None: a plain read). A context variable is
 #: per context, not shared state: it must be made once, at module level, for contexts to find it.
@@ -65,9 +63,10 @@ def _reading(reader: Reader) -> Iterator[None]:
         _READER.reset(token)
 
 
-def reading_for_transfer():
-    """Reads inside this context send blocks elsewhere (gdask's transfer handler)."""
-    return _reading(TRANSFER)
+def reading_for_transfer(who: Any = None):
+    """Reads inside this context send blocks elsewhere (gdask's transfer handler): to the worker at
+    address ``who``, or to a client (or the scheduler) when it is None."""
+    return _reading(Reader("transfer", to_worker=who is not None))
 
 
 def reading_inputs_of(task: Key):

@@ -61,12 +61,30 @@ class Prefetcher:
             self.queue.append((key, e))
             started = True
         if started:
-            if self.thread is None:
-                self.thread = threading.Thread(target=_prefetch_loop, args=(weakref.ref(self),),
-                                               name="gdask-window-prefetch", daemon=True)
-                self.thread.start()
-            self.cond.notify()
+            self._wake()
         en.sample()
+
+    def load(self, key: Key, e: Entry) -> bool:
+        """Queue the copy of block ``key`` (on the host) to the device when it fits in the window's
+        room now, without evicting anything (a block that arrived from another worker); False when it
+        does not fit (it stays on the host until a reader loads it). Requires the store's lock held."""
+        en = self.entries
+        if self.closed or en.tier is None or e.inflight is not None or e.device is not None or e.nbytes > en.room():
+            return False
+        ev = e.claim()
+        if not en.allocate(e, en.host_value(e), ev):
+            e.release_claim(ev)
+            return False
+        self.queue.append((key, e))
+        self._wake()
+        return True
+
+    def _wake(self) -> None:
+        if self.thread is None:
+            self.thread = threading.Thread(target=_prefetch_loop, args=(weakref.ref(self),),
+                                           name="gdask-window-prefetch", daemon=True)
+            self.thread.start()
+        self.cond.notify()
 
     def close(self) -> None:
         """Stop the thread (copies in progress finish). Takes the store's lock."""

@@ -7,7 +7,9 @@ following an eviction policy (:class:`~gdask.window_cache.FurthestInFuture`, the
 :class:`~gdask.window_cache.LRU`). Reading a block that is not on the device copies it there first
 (a *miss*: the reader waits, :mod:`~gdask.window_cache._loads`); with the window policy the blocks
 of the next predicted reads are copied ahead by the prefetch thread
-(:mod:`~gdask.window_cache._prefetch`). Anything else (small results, host arrays, Python objects)
+(:mod:`~gdask.window_cache._prefetch`). A block another worker's store sent (a fetch, a replica, a
+placement move) is a managed block here too, copied to the device when it fits
+(:mod:`~gdask.window_cache._arrivals`). Anything else (small results, host arrays, Python objects)
 lives in a plain dict.
 
 Who reads and which blocks are in use is told to the store, never guessed
@@ -28,6 +30,7 @@ from dask.utils import format_bytes
 
 from gdask import config
 from gdask.devices import parse_size
+from gdask.window_cache._arrivals import arrived, for_worker
 from gdask.window_cache._entries import Entries, State, WindowCacheMemoryError, aligned
 from gdask.window_cache._loads import read
 from gdask.window_cache._pins import current_reader
@@ -211,23 +214,31 @@ class WindowStore(MutableMapping):
         if key in self:
             del self[key]
         tier = self.tier
-        if tier is None or not tier.owns(value):
+        received = tier is not None and arrived(value)  # a block another worker's store sent
+        if not received and (tier is None or not tier.owns(value)):
             self._plain[key] = aligned(value)
             return
         nbytes = int(self._size(value))
         job = self.job_of(key) if self.job_of is not None else None
         with self._entries.locked() as en:
-            en.add(key, value, nbytes, job)
+            if received:  # on the host until its copy to the device lands (when it fits)
+                e = en.add_host(key, aligned(value), nbytes, job)
+                self._prefetcher.load(key, e)
+            else:
+                en.add(key, value, nbytes, job)
 
     def __getitem__(self, key: Key) -> Any:
         try:
             return self._plain[key]
         except KeyError:
             pass
-        value, kind, nbytes = read(self._entries, self._prefetcher, key, current_reader())
+        reader = current_reader()
+        value, kind, nbytes = read(self._entries, self._prefetcher, key, reader)
         hook = self._on_hit if kind == "hit" else self._on_miss if kind == "miss" else None
         if hook is not None:
             hook(key, nbytes)
+        if reader is not None and reader.to_worker:  # sent to another worker: it arrives as a block
+            return for_worker(self.tier, value)
         return value
 
     def __delitem__(self, key: Key) -> None:

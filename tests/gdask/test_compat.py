@@ -64,8 +64,8 @@ def test_execute_and_transfer_wrappers_on_a_real_worker():
     seen = []
 
     @contextlib.contextmanager
-    def around():
-        seen.append("transfer")
+    def around(who):
+        seen.append(("transfer", who))
         yield
 
     async def wrapper(execute, key, *, stimulus_id):
@@ -77,9 +77,17 @@ def test_execute_and_transfer_wrappers_on_a_real_worker():
         undo = [_compat.wrap_execute(a, wrapper), _compat.wrap_transfer_handler(a, around)]
         x = client.submit(lambda: 41, key="x", workers=[a.address])
         assert client.submit(lambda v: v + 1, x, key="y", workers=[b.address]).result(timeout=30) == 42
-        assert ("task", "x") in seen and "transfer" in seen and ("task", "y") not in seen  # b fetched x from a
+        # b fetched x from a: the handler is told b asks (the window store sends blocks to workers as blocks)
+        assert ("task", "x") in seen and ("transfer", b.address) in seen and ("task", "y") not in seen
         for u in undo:
             u()
         seen.clear()
         assert client.submit(lambda: 1, key="z", workers=[a.address]).result(timeout=30) == 1
         assert client.gather(x) == 41 and seen == []
+        w = client.submit(lambda: 7, key="w", workers=[a.address])  # only a holds it (x has a copy on b too)
+        assert w.result(timeout=30) == 7
+        seen.clear()
+        undo = [_compat.wrap_transfer_handler(a, around)]
+        assert client.gather(w) == 7 and seen == [("transfer", None)]  # a client asks: no worker address
+        for u in undo:
+            u()

@@ -148,10 +148,6 @@ def test_memory_figures_are_the_blocks_each_device_holds():
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.xfail(strict=True, reason="the window store keeps a block that reached a worker from another worker (a "
-                   "placement move, a replica, a task's input fetched) as a plain host value outside its device "
-                   "figures, so the page, which shows what the store reports, counts it nowhere; window_cache's fix "
-                   "makes this pass: then drop this mark")
 def test_memory_figures_count_a_block_received_from_another_worker():
     from distributed import futures_of
 

@@ -1,0 +1,38 @@
+"""A plain user script (a LocalGPUCluster, KMeans and LogisticRegression fits, a device-load plot)
+prints what it prints and nothing else: no warnings, no tracebacks, no log lines."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent("""
+    import numpy as np
+    from distributed import Client
+    import gdask
+    from gdask.ml import KMeans, LogisticRegression
+
+    if __name__ == "__main__":
+        rng = np.random.default_rng(1)
+        X = rng.standard_normal((40_000, 12)).astype("float32")
+        y = (X[:, 0] + 0.5 * X[:, 1] > 0).astype("int64")
+        with gdask.LocalGPUCluster(n_devices=2, backend="emulated", dashboard_address=":0") as cluster, \\
+                Client(cluster) as client:
+            # fitted at once: the workers may still be compiling their kernels
+            km = KMeans(5, random_state=0).fit(X)
+            lr = LogisticRegression(max_iter=100).fit(X, y)
+            fig = gdask.plot.device_load(client)
+            print("fitted", km.n_iter_ > 0, lr.score(X, y) > 0.95, len(fig.axes[0].get_lines()))
+""")
+
+
+@pytest.mark.timeout(600)
+def test_a_plain_script_prints_only_its_own_output(tmp_path):
+    pytest.importorskip("matplotlib")
+    script = tmp_path / "fit.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=540, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines() == ["fitted True True 2"], proc.stdout[-3000:]
+    assert proc.stderr.strip() == "", proc.stderr[-3000:]
