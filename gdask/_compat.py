@@ -19,6 +19,8 @@ which pins the supported range), not many:
   task's inputs and marks the reads that assemble them). ``execute`` is the abstract method of
   distributed's ``BaseWorker`` that the worker state machine calls for every task; there is no hook
   around it.
+* :func:`process_workers`: the workers of this process (``Worker._instances``), for a log filter
+  that must know whether they are all closing.
 * :func:`event_topics` / :func:`forget_events`: the events a scheduler keeps of one topic
   (``Scheduler.log_event`` stores every event of a topic, for ``Client.get_events``, and never drops
   a topic; distributed's only clean-up is per client, after the client left).
@@ -34,8 +36,15 @@ from typing import Any, Callable, ContextManager
 #: the distributed releases gdask is tested with (inclusive lower, exclusive upper bound)
 SUPPORTED_DISTRIBUTED = ("2025.1", "2027.1")
 
-__all__ = ["SUPPORTED_DISTRIBUTED", "event_topics", "forget_events", "run_async", "run_sync", "set_executor",
-           "set_worker_data", "wait_for_signals", "wrap_execute", "wrap_transfer_handler"]
+__all__ = ["SUPPORTED_DISTRIBUTED", "event_topics", "forget_events", "process_workers", "run_async", "run_sync",
+           "set_executor", "set_worker_data", "wait_for_signals", "wrap_execute", "wrap_transfer_handler"]
+
+
+def process_workers() -> list[Any]:
+    """The distributed workers alive in this process."""
+    from distributed import Worker
+
+    return list(Worker._instances)
 
 
 def run_async(client: Any, func: Any, *args: Any, **kwargs: Any) -> Any:

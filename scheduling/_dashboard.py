@@ -161,8 +161,10 @@ def _held(win: dict[str, Any]) -> dict[str, Any]:
 
     ``window_bytes`` / ``device_count``: the blocks on the device, and those being copied there
     (in flight). ``blocks``: every block the store manages (device, in flight, host, disk).
-    ``other_keys``: values the store keeps outside its tiers (results, host arrays, and blocks
-    that are not device arrays, e.g. as received from another worker), in host memory. A worker
+    ``other_keys``: values the store keeps outside its tiers (small results, host arrays, Python
+    objects), in host memory; blocks received from another worker are blocks here too.
+    ``host_bytes``: host memory of the blocks (those only on the host, and the host copies kept of
+    blocks on the device). A worker
     whose data store is not gdask's window store reports none of these (``window_store`` False)."""
     device = int(_num(win.get("device_blocks"))) + int(_num(win.get("in_flight_blocks")))
     host, disk = int(_num(win.get("host_blocks"))), int(_num(win.get("disk_blocks")))
@@ -312,8 +314,9 @@ def _held_text(d: dict[str, Any]) -> str:
     disk = f", {_n_blocks(d['disk_count'])} on disk" if d["disk_count"] else ""
     other = d.get("other_keys", 0)
     other = f"; {other} other value{'' if other == 1 else 's'} in host memory, outside the window" if other else ""
+    # host_bytes: the host memory of the store's blocks, also the copies kept of blocks on the device
     return (f"{_n_blocks(d['blocks'])}: {_n_blocks(d['device_count'])} on the device ({_bytes(d['window_bytes'])}), "
-            f"{_n_blocks(d['host_count'])} on the host ({_bytes(d['host_bytes'])}){disk}{other}")
+            f"{_n_blocks(d['host_count'])} only on the host{disk}; {_bytes(d['host_bytes'])} in host memory{other}")
 
 
 def _device_card(d: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ from distributed import WorkerPlugin
 
 from gdask import config, protocol
 from gdask._compat import executor as worker_executor
-from gdask._compat import set_executor
+from gdask._compat import process_workers, set_executor
 from gdask.devices import DeviceSpec, StateSpaces, make_device, make_specs, parse_size
 
 logger = logging.getLogger("gdask")
@@ -128,6 +128,29 @@ def stream_settings(
                           adaptive=adaptive, round_tasks=round_tasks)
 
 
+class HeartbeatAtClose(logging.Filter):
+    """Drops distributed's "Failed to communicate with scheduler during heartbeat" error when every
+    worker of this process is closing: a heartbeat sent just before ``Worker.close`` stopped the
+    periodic callbacks finds the connection that ``close`` itself shut, and logs a traceback that
+    says nothing (seen at the end of scripts on loaded machines). Heartbeat failures of a running
+    worker are logged as before. Stateless: it reads the workers' status when a record comes."""
+
+    MESSAGE = "Failed to communicate with scheduler during heartbeat"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(self.MESSAGE):
+            return True
+        from distributed.core import Status
+
+        workers = process_workers()
+        return not workers or any(w.status not in (Status.closing, Status.closed, Status.closing_gracefully)
+                                  for w in workers)
+
+
+#: one filter per process (``addFilter`` adds an equal filter once)
+HEARTBEAT_AT_CLOSE = HeartbeatAtClose()
+
+
 def add_metrics(worker: Any, metrics: dict[str, Callable[[Any], Any]]) -> None:
     """Publish ``metrics`` on ``worker`` by replacing ``worker.metrics`` with a new dict.
 
@@ -222,6 +245,7 @@ class DeviceSetup(WorkerPlugin):
         return self.specs.get(str(worker.name))
 
     def setup(self, worker: Any) -> None:
+        logging.getLogger("distributed.worker").addFilter(HEARTBEAT_AT_CLOSE)
         spec = self.spec_for(worker)
         if spec is None:
             logger.info("gdask: worker %s has no device spec; it runs non-device work only", worker.name)

@@ -36,3 +36,24 @@ def test_a_plain_script_prints_only_its_own_output(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines() == ["fitted True True 2"], proc.stdout[-3000:]
     assert proc.stderr.strip() == "", proc.stderr[-3000:]
+
+
+def test_a_heartbeat_failing_while_the_workers_close_is_not_logged(monkeypatch):
+    import logging
+    from types import SimpleNamespace
+
+    from distributed.core import Status
+
+    from gdask.scheduling import _worker
+
+    def record(msg):
+        return logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1, msg, None, None)
+
+    beat = record("Failed to communicate with scheduler during heartbeat.")
+    f = _worker.HeartbeatAtClose()
+    monkeypatch.setattr(_worker, "process_workers", lambda: [SimpleNamespace(status=Status.closing)])
+    assert not f.filter(beat)  # the worker closes its own connections: nothing to report
+    assert f.filter(record("something else"))
+    monkeypatch.setattr(_worker, "process_workers", lambda: [SimpleNamespace(status=Status.running),
+                                                             SimpleNamespace(status=Status.closed)])
+    assert f.filter(beat)  # a running worker lost its scheduler: reported

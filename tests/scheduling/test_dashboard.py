@@ -183,7 +183,9 @@ def test_a_small_gauge_is_drawn_on_a_scale_that_shows_it():
     assert "width:75.00%" in frag  # 48 of 64 MiB
     big = render_fragment(_data(_device(used=2 * 2**30, window=2 * 2**30)))  # half the budget: the budget's scale
     assert "scale 0" not in big and "width:50.00%" in big
-    assert "4 blocks: 4 blocks on the device (48.00 MiB), 0 blocks on the host (0 B)" in frag
+    assert "4 blocks: 4 blocks on the device (48.00 MiB), 0 blocks only on the host; 0 B in host memory" in frag
+    copies = render_fragment(_data(_device(host_bytes=48.0 * 2**20)))  # host copies kept of the device's blocks
+    assert "0 blocks only on the host; 48.00 MiB in host memory" in copies
 
 
 def test_a_worker_without_the_window_store_says_so():
