@@ -13,7 +13,7 @@ from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task, TaskRef
 
 from gdask import GDaskWarning, config
-from gdask.devices import discover, parse_size
+from gdask.devices import discover, numpy_dtype, parse_size
 from gdask.gdataset import _blocks, _output
 from gdask.gdataset._core import GDataSet, device_layer
 from gdask.gdataset.locality import default_client_or_none
@@ -27,7 +27,10 @@ _MIN_BLOCK_ROWS = 4096
 
 
 def _array_module_name(x: Any) -> str:
-    return "cupy" if type(x).__module__.split(".")[0] == "cupy" else "numpy"
+    """"cupy" and "array_api_strict" for device arrays (blocks are sliced from them on the device),
+    else "numpy" (anything NumPy can read)."""
+    mod = type(x).__module__.split(".")[0]
+    return mod if mod in ("cupy", "array_api_strict") else "numpy"
 
 
 def _device_backend(input_backend: str) -> str:
@@ -116,7 +119,8 @@ def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None
     if x.ndim not in (1, 2, 3):
         raise ValueError(f"from_array needs a 1-D, 2-D or 3-D array (rows = samples; 3-D: (n, T, f) sequences), "
                          f"got {x.ndim}-D of shape {x.shape}")
-    _check_dtype(np.dtype(x.dtype))
+    dtype = numpy_dtype(x.dtype)
+    _check_dtype(dtype)
     n = x.shape[0]
     if n == 0 or 0 in x.shape[1:]:
         raise ValueError(f"cannot make a GDataSet from empty data of shape {x.shape}")
@@ -136,10 +140,10 @@ def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None
     layer = {}
     start = 0
     for i, r in enumerate(rows):
-        layer[(name, i)] = Task((name, i), _blocks.to_device, x[start:start + r])
+        layer[(name, i)] = Task((name, i), _blocks.to_device, x[start:start + r, ...])
         start += r
     graph = HighLevelGraph.from_collections(name, device_layer(layer, "to_device"), dependencies=())
-    return GDataSet(graph, name, rows, x.shape[1:] or None, x.dtype, _device_backend(mod), input_type=input_type)
+    return GDataSet(graph, name, rows, x.shape[1:] or None, dtype, _device_backend(mod), input_type=input_type)
 
 
 def _is_sparse(x: Any) -> bool:
