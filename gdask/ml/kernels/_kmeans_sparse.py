@@ -37,12 +37,24 @@ def _cross(blk: Any, c: Any) -> Any:
     """``X @ c.T`` (rows x centers, the block's dtype), with coincident centers given bit-identical columns
     (equal columns of a product may round differently; rows would then scatter among centers that are one)."""
     xp = _xp(blk)
-    host = to_numpy(c)
-    _, first, inverse = np.unique(host, axis=0, return_index=True, return_inverse=True)
-    if first.shape[0] < host.shape[0]:
-        cu = c[xp.asarray(first.astype(np.int64))]
-        return _cross(blk, cu)[:, xp.asarray(inverse.reshape(-1).astype(np.int64))]
+    first, inverse = _distinct_rows(to_numpy(c))
+    if first.shape[0] < c.shape[0]:
+        cu = c[xp.asarray(first)]
+        return _cross(blk, cu)[:, xp.asarray(inverse)]
     return blk @ xp.ascontiguousarray(c.T)
+
+
+def _distinct_rows(host: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the first of each distinct row, every row's index among those): by the rows' bytes, linear in
+    the centers' size (``np.unique(axis=0)`` is slow for many features)."""
+    seen: dict[bytes, int] = {}
+    first, inverse = [], []
+    for i, row in enumerate(np.ascontiguousarray(host)):
+        j = seen.setdefault(row.tobytes(), len(first))
+        if j == len(first):
+            first.append(i)
+        inverse.append(j)
+    return np.asarray(first, dtype=np.int64), np.asarray(inverse, dtype=np.int64)
 
 
 def expanded_distances(blk: Any, c: Any) -> Any:
