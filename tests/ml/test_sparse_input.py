@@ -37,7 +37,7 @@ def _rtol(dtype):
 def test_from_array_blocks_are_csr_and_compute_to_csr():
     x = _data(n=200)
     G = gdask.from_array(sp.coo_array(x), block_rows=64)
-    assert G.sparse and G.nnz == x.nnz and G.row_blocks == (64, 64, 64, 8)
+    assert G.nnz is not None and G.nnz == x.nnz and G.row_blocks == (64, 64, 64, 8)
     assert G.nbytes < x.shape[0] * x.shape[1] * 8
     blk = dask.compute(G.block(1))[0]
     assert isinstance(blk, sp.csr_array) and blk.shape == (64, 30)
@@ -45,7 +45,7 @@ def test_from_array_blocks_are_csr_and_compute_to_csr():
     assert is_sparse(out) and out.format == "csr" and abs(out - x).max() == 0
     np.testing.assert_allclose(G.var(axis=0).compute(), x.toarray().var(axis=0), rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(G.mean(axis=0).compute(), x.toarray().mean(axis=0), rtol=1e-12, atol=1e-15)
-    assert G.astype(np.float32).sparse and backend_for(blk) == "sparse"
+    assert G.astype(np.float32).nnz == x.nnz and backend_for(blk) == "sparse"
 
 
 def test_strict_devices_refuse_sparse_blocks():

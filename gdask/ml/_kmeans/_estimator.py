@@ -293,7 +293,7 @@ class KMeans(DeviceEstimatorMixin, ClassNamePrefixFeaturesOutMixin, ClusterMixin
         best = None
         for _ in range(n_init):
             centers = self._init_centers(G, rng, *init_weights, original=X)
-            bounds = (self.n_clusters > 1 and not G.sparse  # CSR blocks: Lloyd's passes
+            bounds = (self.n_clusters > 1 and G.nnz is None  # CSR blocks: Lloyd's passes
                       and (self.algorithm == "elkan" or (self.algorithm == "auto" and d >= 8)))
             state = LoopState(centers, bounds, tol, np.dtype(G.dtype), n)
             algo = KMeansLoop(self.max_iter, weighted=W is not None, labels=not lazy)

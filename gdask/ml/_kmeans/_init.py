@@ -117,7 +117,7 @@ def initial_centers(est: Any, X: GDataSet, rng: np.random.Generator, w: np.ndarr
         return rows(X, choice(rng, n, k, p))[rng.permutation(k)]
     if est.init == "k-means++":
         m = min(n, max(est.init_sample, k))
-        pts = rows(X, choice(rng, n, m, p), sparse=X.sparse)  # a sample of CSR blocks stays sparse
+        pts = rows(X, choice(rng, n, m, p), sparse=X.nnz is not None)  # a sample of CSR blocks stays sparse
         return weighted_kmeanspp(pts.astype(np.float64), np.ones(pts.shape[0]), k, rng).astype(X.dtype)
     return _kmeans_parallel(est, X, rng, p, W)
 
