@@ -206,6 +206,10 @@ def from_dask_array(a: Any, block_rows: int | None = None) -> GDataSet:
         raise ValueError(f"from_dask_array needs a 1-D, 2-D or 3-D array, got {a.ndim}-D")
     if any(math.isnan(s) for s in a.shape):
         raise ValueError("from_dask_array needs known chunk sizes; call a.compute_chunk_sizes() first")
+    if is_sparse(getattr(a, "_meta", None)):
+        raise TypeError("from_dask_array takes dense chunks; a dask array of sparse chunks is not blocked into CSR "
+                        "blocks yet: compute it to one SciPy sparse matrix and pass that to from_array (or to the "
+                        "estimator)")
     _check_dtype(np.dtype(a.dtype))
     if a.shape[0] == 0 or 0 in a.shape[1:]:
         raise ValueError(f"cannot make a GDataSet from empty data of shape {a.shape}")

@@ -280,8 +280,9 @@ def estimator_job(est: Any) -> contextlib.AbstractContextManager:
 
 
 def _no_rows(blk: Any) -> Any:
-    """An empty slice of a block: its array type on its device, for ``output_type="device"``."""
-    return blk[:0, ...]
+    """An empty slice of a block: its array type on its device, for ``output_type="device"`` (a CSR
+    block's dense type: of its stored values)."""
+    return blk.data[:0] if is_sparse(blk) else blk[:0, ...]
 
 
 # -- the mixin -----------------------------------------------------------------------------------------

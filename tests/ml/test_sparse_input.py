@@ -48,6 +48,13 @@ def test_from_array_blocks_are_csr_and_compute_to_csr():
     assert G.astype(np.float32).nnz == x.nnz and backend_for(blk) == "sparse"
 
 
+def test_dask_arrays_of_sparse_chunks_are_refused_with_the_way_out():
+    da = pytest.importorskip("dask.array")
+    a = da.from_array(_data(n=100), chunks=(50, 30), asarray=False)
+    with pytest.raises(TypeError, match="compute it to one SciPy sparse matrix"):
+        KMeans(2).fit(a)
+
+
 def test_strict_devices_refuse_sparse_blocks():
     with dask.config.set({"gdask.backend": "emulated-strict"}):
         with pytest.raises(SparseBlockError, match="sparse blocks need NumPy"):
@@ -194,3 +201,41 @@ def test_on_a_cluster_the_loop_runs_on_the_workers(client):
     np.testing.assert_array_equal(km.cluster_centers_, local_km.cluster_centers_)
     np.testing.assert_array_equal(lr.coef_, local_lr.coef_)
     np.testing.assert_array_equal(lr.predict(x), local_lr.predict(x))
+
+
+# -- CUDA: cupyx.scipy.sparse blocks (skipped without a GPU; not run where this was written) -----------
+def _gpu() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # noqa: BLE001 - no CuPy or no usable driver/GPU
+        return False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu(), reason="needs a CUDA GPU with CuPy")
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_cupyx_blocks_give_the_scipy_blocks_results(dtype):
+    import cupy
+    from cupyx.scipy import sparse as cusparse
+
+    from gdask.devices import to_numpy
+    from gdask.ml.kernels import _kmeans_sparse, _logistic_sparse, host
+
+    x = _data(n=400, dtype=dtype)
+    g = cusparse.csr_matrix(x)
+    assert backend_for(g) == "sparse"
+    c = x[:5].toarray()
+    w = np.random.default_rng(0).uniform(0.5, 2, x.shape[0])
+    cpu = _kmeans_sparse.lloyd_partial(x, c, w)
+    gpu = host(_kmeans_sparse.lloyd_partial(g, cupy.asarray(c), cupy.asarray(w)))
+    for key in ("sums", "counts", "far_d", "far_rows"):
+        np.testing.assert_allclose(gpu[key], cpu[key], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(to_numpy(_kmeans_sparse.assign(g, cupy.asarray(c))[0]),
+                                  _kmeans_sparse.assign(x, c)[0])
+    y = (np.arange(x.shape[0]) % 3).astype(np.int32)
+    coef, b = np.random.default_rng(1).normal(size=(3, x.shape[1])), np.zeros(3)
+    f, gc, gi = _logistic_sparse.loss_grad(x, y, coef, b)
+    fg, gcg, gig = _logistic_sparse.loss_grad(g, cupy.asarray(y), cupy.asarray(coef), cupy.asarray(b))
+    np.testing.assert_allclose([fg, *gcg.ravel(), *gig], [f, *gc.ravel(), *gi], rtol=1e-4, atol=1e-5)
