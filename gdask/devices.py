@@ -35,6 +35,21 @@ from gdask._devices._arrays import (
     to_numpy,
     xp_dtype,
 )
+from gdask._devices._sparse import (
+    SparseBlockError,
+    is_sparse,
+    sparse_all_finite,
+    sparse_astype,
+    sparse_moments,
+    sparse_nbytes,
+    sparse_row_ids,
+    sparse_row_sums,
+    sparse_rows,
+    sparse_to_device,
+    sparse_to_host,
+    sparse_vstack,
+    with_data,
+)
 from gdask._devices._strict import StrictDevice, is_strict  # array-api-strict is imported on first use
 
 __all__ = [
@@ -45,6 +60,7 @@ __all__ = [
     "EmulatedPool",
     "Inventory",
     "LocalContext",
+    "SparseBlockError",
     "StateSpaces",
     "StrictDevice",
     "array_module",
@@ -55,6 +71,7 @@ __all__ = [
     "current_device",
     "discover",
     "is_numpy",
+    "is_sparse",
     "is_strict",
     "make_device",
     "make_specs",
@@ -63,8 +80,19 @@ __all__ = [
     "nvml_details",
     "parse_size",
     "setup_rmm_pool",
+    "sparse_all_finite",
+    "sparse_astype",
+    "sparse_moments",
+    "sparse_nbytes",
+    "sparse_row_ids",
+    "sparse_row_sums",
+    "sparse_rows",
+    "sparse_to_device",
+    "sparse_to_host",
+    "sparse_vstack",
     "to_numpy",
     "worker_environment",
+    "with_data",
     "worker_state",
     "xp_dtype",
 ]

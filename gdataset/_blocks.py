@@ -24,7 +24,13 @@ from gdask.devices import (  # noqa: F401 (array_module, to_numpy re-exported)
     asarray_like,
     astype,
     current_device,
+    is_sparse,
     numpy_dtype,
+    sparse_astype,
+    sparse_moments,
+    sparse_to_device,
+    sparse_to_host,
+    sparse_vstack,
     to_numpy,
 )
 from gdask.gdataset import _seq
@@ -112,7 +118,10 @@ def coalesce(x: Any, xp=None) -> Any:
 
 
 def to_device(chunk: Any) -> Any:
-    """Copy one host (or other-device) chunk into this process's device, coalesced."""
+    """Copy one host (or other-device) chunk into this process's device, coalesced (a sparse chunk
+    as a CSR block: :func:`gdask.devices.sparse_to_device`)."""
+    if is_sparse(chunk):
+        return sparse_to_device(chunk, current_device())
     if np.ndim(chunk) == 3:  # sequences: time-major
         return _seq.to_device(chunk)
     dev = current_device()
@@ -158,6 +167,8 @@ def to_host(x: Any) -> Any:
         return x
     if not hasattr(x, "shape"):
         return x
+    if is_sparse(x):  # a SciPy CSR matrix (CuPy's copied to the host)
+        return sparse_to_host(x)
     out = to_numpy(x)
     return out[()] if getattr(out, "ndim", None) == 0 else out
 
@@ -219,7 +230,9 @@ def _moments_rows(xt, mean, m2):  # pragma: no cover - compiled
 def moments(b: Any, axis: int | tuple[int, ...] | None) -> tuple[int, Any, Any]:
     """``(count, mean, M2)`` of one block over ``axis`` (0, a tuple such as ``(0, 1)`` for rows and
     time steps of sequences, or None) in float64, for Chan et al.'s parallel variance. NumPy
-    feature-major float blocks take a numba fast path."""
+    feature-major float blocks take a numba fast path; CSR blocks (``axis=0``) read their stored values only."""
+    if is_sparse(b) and axis == 0:
+        return sparse_moments(b)
     axes = tuple(range(b.ndim)) if axis is None else (axis,) if isinstance(axis, int) else tuple(axis)
     n = math.prod(b.shape[a] for a in axes)
     if (axes == (0,) and n and isinstance(b, np.ndarray) and b.ndim == 2 and b.flags.f_contiguous
@@ -242,6 +255,8 @@ def moments(b: Any, axis: int | tuple[int, ...] | None) -> tuple[int, Any, Any]:
 def concat_blocks(blocks) -> Any:
     """``__dask_postcompute__``: join computed blocks into one array of the blocks' type."""
     blocks = list(blocks)
+    if is_sparse(blocks[0]):  # CSR blocks join on the host
+        return sparse_vstack(blocks)
     if len(blocks) == 1:
         return blocks[0]
     if isinstance(blocks[0], np.ndarray):
@@ -307,4 +322,4 @@ def tmatmul(a: Any, b: Any) -> Any:
 
 def block_astype(x: Any, dtype: Any) -> Any:
     """``x`` in ``dtype`` (a NumPy dtype), without a copy when it has it already."""
-    return astype(x, dtype)
+    return sparse_astype(x, dtype) if is_sparse(x) else astype(x, dtype)

@@ -168,7 +168,11 @@ class GDataSet(DaskMethodsMixin):
     Fortran-ordered, so ``block.T`` is a C-contiguous ``(features, rows)`` array). 3-D data, ``n``
     sequences of shape ``(T, f)``, is blocked along ``n`` and stored time-major: a block is a
     ``(rows, T, f)`` view of ``(T, rows, f)`` C-contiguous memory, the layout recurrent kernels
-    (cuDNN's LSTM) read (see :mod:`gdask.gdataset._seq`); ``ncols`` is then ``(T, f)``. A GDataSet is a
+    (cuDNN's LSTM) read (see :mod:`gdask.gdataset._seq`); ``ncols`` is then ``(T, f)``. Sparse data
+    (:func:`gdask.from_array` of a SciPy sparse matrix) is blocked into CSR row slices (``nnz`` its
+    stored values; SciPy CSR on emulated devices, ``cupyx.scipy.sparse`` CSR on CUDA): the K-means and
+    logistic regression estimators, ``mean`` / ``var`` / ``std`` over rows, ``astype`` and ``compute``
+    (a SciPy CSR matrix) take it. A GDataSet is a
     Dask collection: ``dask.compute``, ``dask.persist``, ``client.compute`` and ``.compute()`` work.
     Keys are derived from content and operation, so rebuilding the same computation gives the same
     keys.
@@ -181,7 +185,7 @@ class GDataSet(DaskMethodsMixin):
 
     def __init__(self, dsk: HighLevelGraph, name: str, row_blocks: Sequence[int], ncols: int | None,
                  dtype: Any, backend: str = "numpy", columns: Sequence[str] | None = None,
-                 input_type: str = "numpy") -> None:
+                 input_type: str = "numpy", nnz: int | None = None) -> None:
         if not isinstance(dsk, HighLevelGraph):
             dsk = HighLevelGraph.from_collections(name, dict(dsk), dependencies=())
         self.dask = dsk
@@ -194,6 +198,8 @@ class GDataSet(DaskMethodsMixin):
         #: the array type this dataset was made from ("numpy", "cupy" or "device"): what ``compute()``
         #: and reductions return under config ``gdask.output-type: input`` (see :mod:`gdask.gdataset._output`)
         self.input_type = input_type
+        #: stored values of a dataset of CSR blocks (see the class docs); None: dense blocks
+        self.nnz = None if nnz is None else int(nnz)
 
     # -- Dask collection protocol ---------------------------------------------------------------
     def __dask_graph__(self) -> HighLevelGraph:
@@ -247,7 +253,7 @@ class GDataSet(DaskMethodsMixin):
     def _rebuild(self, dsk, *, rename: dict | None = None) -> GDataSet:
         name = rename.get(self.name, self.name) if rename else self.name
         out = GDataSet(dsk, name, self.row_blocks, self.ncols, self.dtype, self.backend, self.columns,
-                       input_type=self.input_type)
+                       input_type=self.input_type, nnz=self.nnz)
         out._versions = self._versions
         return out
 
@@ -341,6 +347,9 @@ class GDataSet(DaskMethodsMixin):
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the blocks (CSR blocks: their values, 64-bit column indices and row pointers)."""
+        if self.nnz is not None:  # CSR blocks
+            return self.nnz * (self.dtype.itemsize + 8) + (self.shape[0] + self.nblocks) * 8
         return self.size * self.dtype.itemsize
 
     @property
@@ -487,7 +496,9 @@ class GDataSet(DaskMethodsMixin):
         if dtype.kind not in "biuf":
             raise TypeError(f"GDataSet blocks must have a numeric (bool, integer or float) dtype; astype({dtype}) "
                             "is not one. Compute to NumPy first for strings or objects.")
-        return _elemwise(_blocks.block_astype, self, dtype, dtype=dtype, ncols=self.ncols, name="astype")
+        out = _elemwise(_blocks.block_astype, self, dtype, dtype=dtype, ncols=self.ncols, name="astype")
+        out.nnz = self.nnz  # CSR blocks stay CSR
+        return out
 
     def __getitem__(self, index: Any) -> GDataSet:
         """``X[:, ...]`` indexes within rows (``X[:, j]``, ``X[:, -1, :]``); ``X[rows]`` /

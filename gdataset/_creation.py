@@ -13,7 +13,7 @@ from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task, TaskRef
 
 from gdask import GDaskWarning, config
-from gdask.devices import discover, numpy_dtype, parse_size
+from gdask.devices import discover, is_sparse, numpy_dtype, parse_size
 from gdask.gdataset import _blocks, _output
 from gdask.gdataset._core import GDataSet, device_layer
 from gdask.gdataset.locality import default_client_or_none
@@ -79,7 +79,9 @@ def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None
     ----------
     x : array-like
         NumPy array, CuPy array, or anything ``np.asarray`` accepts. 3-D data is blocked along
-        ``n`` and stored time-major inside a block (see :class:`GDataSet`).
+        ``n`` and stored time-major inside a block (see :class:`GDataSet`). A SciPy sparse matrix
+        or array (any format, converted to CSR) gives CSR blocks (row slices; SciPy CSR on emulated
+        devices, ``cupyx.scipy.sparse`` CSR on CUDA): nothing is densified.
     block_rows : int or sequence of int, optional
         Rows per block. Default: about ``gdask.gdataset.block-bytes`` (64 MiB) per block and at
         least 8 blocks for large data. A sequence gives every block's rows, e.g. ``Y.row_blocks``
@@ -111,10 +113,12 @@ def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None
     if mod == "numpy":
         if hasattr(x, "dtypes") and hasattr(x, "columns"):
             return from_dataframe(x, block_rows=block_rows)
+        if is_sparse(x):
+            return _from_sparse(x, block_rows, name, input_type)
         if _is_sparse(x):
-            raise TypeError(f"from_array does not take sparse matrices ({type(x).__name__} of shape "
-                            f"{getattr(x, 'shape', '?')}): GDataSet blocks are dense. Convert with x.toarray() if it "
-                            "fits in memory.")
+            raise TypeError(f"from_array takes SciPy sparse matrices and arrays, not {type(x).__module__}."
+                            f"{type(x).__name__} (shape {getattr(x, 'shape', '?')}): convert it with "
+                            "scipy.sparse.csr_matrix(x) (or x.toarray() if it fits in memory)")
         x = np.asarray(x)
     if x.ndim not in (1, 2, 3):
         raise ValueError(f"from_array needs a 1-D, 2-D or 3-D array (rows = samples; 3-D: (n, T, f) sequences), "
@@ -125,16 +129,10 @@ def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None
     if n == 0 or 0 in x.shape[1:]:
         raise ValueError(f"cannot make a GDataSet from empty data of shape {x.shape}")
     if block_rows is None:
-        row_bytes = x.dtype.itemsize * math.prod(x.shape[1:])
+        row_bytes = dtype.itemsize * math.prod(x.shape[1:])
         block_rows = default_block_rows(n, row_bytes)
-    if isinstance(block_rows, (tuple, list)):  # an exact blocking, e.g. another GDataSet's row_blocks
-        rows = tuple(_check_block_rows(r) for r in block_rows)
-        if sum(rows) != n:
-            raise ValueError(f"block_rows {_short_rows(rows)} add up to {sum(rows)} rows, but the array has {n}")
-    else:
-        rows = _split(n, _check_block_rows(block_rows))
-    if name is not None and (not isinstance(name, str) or not name):
-        raise TypeError(f"name must be a non-empty string (a key prefix), got {name!r}")
+    rows = _rows_of(n, block_rows)
+    _check_name(name)
     # the name is a prefix: keys always name the content, so the same name with other data is another dataset
     name = f"{name or 'from-array'}-{tokenize(x, rows, *job_salt())}"
     layer = {}
@@ -144,6 +142,46 @@ def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None
         start += r
     graph = HighLevelGraph.from_collections(name, device_layer(layer, "to_device"), dependencies=())
     return GDataSet(graph, name, rows, x.shape[1:] or None, dtype, _device_backend(mod), input_type=input_type)
+
+
+def _rows_of(n: int, block_rows: Any) -> tuple[int, ...]:
+    """The rows of every block of ``n`` rows: ``block_rows`` per block, or each block's rows."""
+    if isinstance(block_rows, (tuple, list)):  # an exact blocking, e.g. another GDataSet's row_blocks
+        rows = tuple(_check_block_rows(r) for r in block_rows)
+        if sum(rows) != n:
+            raise ValueError(f"block_rows {_short_rows(rows)} add up to {sum(rows)} rows, but the array has {n}")
+        return rows
+    return _split(n, _check_block_rows(block_rows))
+
+
+def _check_name(name: Any) -> None:
+    if name is not None and (not isinstance(name, str) or not name):
+        raise TypeError(f"name must be a non-empty string (a key prefix), got {name!r}")
+
+
+def _from_sparse(x: Any, block_rows: Any, name: str | None, input_type: str) -> GDataSet:
+    """:func:`from_array` of a SciPy sparse matrix or array (any format, converted to CSR): blocks of
+    CSR row slices, O(nnz) each (SciPy CSR on emulated devices, ``cupyx.scipy.sparse`` CSR on CUDA)."""
+    if x.ndim != 2:
+        raise ValueError(f"from_array needs 2-D sparse data (rows = samples), got shape {x.shape}")
+    x = x.tocsr()
+    _check_dtype(np.dtype(x.dtype))
+    n, d = x.shape
+    if n == 0 or d == 0:
+        raise ValueError(f"cannot make a GDataSet from empty data of shape {x.shape}")
+    if block_rows is None:  # rows of about block-bytes of stored values and indices
+        row_bytes = max(1, math.ceil(x.nnz * (x.dtype.itemsize + x.indices.dtype.itemsize) / n))
+        block_rows = default_block_rows(n, row_bytes)
+    rows = _rows_of(n, block_rows)
+    _check_name(name)
+    name = f"{name or 'from-array'}-{tokenize(x, rows, *job_salt())}"
+    layer = {}
+    start = 0
+    for i, r in enumerate(rows):
+        layer[(name, i)] = Task((name, i), _blocks.to_device, x[start:start + r])
+        start += r
+    graph = HighLevelGraph.from_collections(name, device_layer(layer, "to_device"), dependencies=())
+    return GDataSet(graph, name, rows, d, x.dtype, _device_backend("numpy"), input_type=input_type, nnz=x.nnz)
 
 
 def _is_sparse(x: Any) -> bool:
@@ -172,6 +210,10 @@ def from_dask_array(a: Any, block_rows: int | None = None) -> GDataSet:
         raise ValueError(f"from_dask_array needs a 1-D, 2-D or 3-D array, got {a.ndim}-D")
     if any(math.isnan(s) for s in a.shape):
         raise ValueError("from_dask_array needs known chunk sizes; call a.compute_chunk_sizes() first")
+    if is_sparse(getattr(a, "_meta", None)):
+        raise TypeError("from_dask_array takes dense chunks; a dask array of sparse chunks is not blocked into CSR "
+                        "blocks yet: compute it to one SciPy sparse matrix and pass that to from_array (or to the "
+                        "estimator)")
     _check_dtype(np.dtype(a.dtype))
     if a.shape[0] == 0 or 0 in a.shape[1:]:
         raise ValueError(f"cannot make a GDataSet from empty data of shape {a.shape}")

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from gdask import config
-from gdask.devices import to_numpy
+from gdask.devices import is_sparse, to_numpy
 from gdask.gdataset import _blocks
 
 __all__ = ["OUTPUT_TYPES", "array_type", "as_type", "join_blocks", "output_type", "to_output"]
@@ -92,6 +92,8 @@ def join_blocks(blocks: Any, target: str) -> Any:
     as array type ``target``. For "numpy" each block is moved to the host first and NumPy joins them
     (no device concatenation on the caller's device)."""
     blocks = list(blocks)
+    if is_sparse(blocks[0]):  # CSR blocks: one SciPy CSR matrix on the host
+        return _blocks.concat_blocks(blocks)
     if target == "numpy":
         blocks = [to_numpy(b) for b in blocks]
         return blocks[0] if len(blocks) == 1 else np.concatenate(blocks, axis=0)

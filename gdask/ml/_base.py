@@ -33,12 +33,12 @@ from typing import Any, Callable, Iterator, TypeVar
 import numpy as np
 
 from gdask import config
-from gdask.devices import array_namespace, asarray_like, astype, numpy_dtype, to_numpy
+from gdask.devices import array_namespace, asarray_like, astype, is_sparse, numpy_dtype, sparse_all_finite, to_numpy
 from gdask.gdataset import DeviceShare, GDataSet, device_share, from_array, from_dask_array, from_dataframe
 
 __all__ = [
     "JOB_PARAMETERS", "OUTPUT_TYPES", "OUTPUT_TYPE_PARAMETER", "DeviceEstimatorMixin", "Input", "InputKind",
-    "NotFinite", "all_finite", "as_dask_array", "check_finite", "densified", "estimator_job", "host_array",
+    "NotFinite", "all_finite", "as_dask_array", "check_finite", "estimator_job", "host_array",
     "in_task_scope", "input_kind", "is_host_input", "job_share", "module_name", "require_finite", "shared_docs",
     "task_scope",
 ]
@@ -90,7 +90,9 @@ class NotFinite(ArithmeticError):
 
 
 def all_finite(b: Any) -> bool:
-    """Whether a block has no NaN or infinity."""
+    """Whether a block has no NaN or infinity (a CSR block: its stored values)."""
+    if is_sparse(b):
+        return sparse_all_finite(b)
     if isinstance(b, np.ndarray):
         return bool(b.dtype.kind in "biu" or np.isfinite(b).all())
     xp = array_namespace(b)
@@ -158,16 +160,6 @@ def input_kind(X: Any) -> InputKind:
         meta = getattr(X, "_meta", None)  # dask arrays and DataFrames: an empty chunk of their type
         return InputKind("dask", _DEVICE_MODULES.get(module_name(meta), "numpy"))
     return InputKind("array", _DEVICE_MODULES.get(module_name(X), "numpy"))
-
-
-def densified(X: Any) -> Any:
-    """A SciPy sparse matrix or array as a dense NumPy array (gdask's blocks are dense: sparse input costs
-    its dense size in memory); anything else as it is."""
-    try:
-        import scipy.sparse as sp
-    except ImportError:
-        return X
-    return X.toarray() if sp.issparse(X) else X
 
 
 def is_host_input(X: Any) -> bool:
@@ -288,8 +280,9 @@ def estimator_job(est: Any) -> contextlib.AbstractContextManager:
 
 
 def _no_rows(blk: Any) -> Any:
-    """An empty slice of a block: its array type on its device, for ``output_type="device"``."""
-    return blk[:0, ...]
+    """An empty slice of a block: its array type on its device, for ``output_type="device"`` (a CSR
+    block's dense type: of its stored values)."""
+    return blk.data[:0] if is_sparse(blk) else blk[:0, ...]
 
 
 # -- the mixin -----------------------------------------------------------------------------------------
@@ -315,12 +308,14 @@ class DeviceEstimatorMixin:
     # -- input ---------------------------------------------------------------------------------------
     def _input(self, X: Any, *, reset: bool, ndim: int | tuple[int, ...] | None = 2,
                dtype: Any = (np.float64, np.float32), allow_nd: bool = False, features: bool = True,
-               **validate: Any) -> Input:
+               accept_sparse: Any = False, **validate: Any) -> Input:
         """``X`` adapted (see :class:`Input`).
 
         Host input goes through scikit-learn's ``validate_data`` (its errors, ``n_features_in_``,
         ``feature_names_in_``; ``dtype`` its list of accepted dtypes, ``validate`` more of its
-        keyword arguments, e.g. ``ensure_min_samples``). Other input is cast to a
+        keyword arguments, e.g. ``ensure_min_samples``; ``accept_sparse`` its argument: ``"csr"`` turns
+        SciPy sparse input of any format into CSR, which :meth:`Input.gdataset` blocks into CSR row
+        slices; False refuses sparse input with scikit-learn's error). Other input is cast to a
         float dtype (:attr:`_ints_to` for non-float data, float32 for float16), its ``ndim`` checked,
         and, with ``features``, its column count recorded (``reset``) or checked against the fit's.
         """
@@ -329,7 +324,7 @@ class DeviceEstimatorMixin:
         if kind.host:
             from sklearn.utils.validation import validate_data
 
-            return Input(kind, validate_data(self, X, reset=reset, accept_sparse=False, dtype=list(dtype),
+            return Input(kind, validate_data(self, X, reset=reset, accept_sparse=accept_sparse, dtype=list(dtype),
                                              allow_nd=allow_nd, **validate), X)
         if kind.container == "array":  # CuPy and other device arrays; cuDF becomes a GDataSet
             data = from_dataframe(X) if hasattr(X, "columns") else X
@@ -356,8 +351,8 @@ class DeviceEstimatorMixin:
         from sklearn.utils.validation import validate_data
 
         dtype = kw.get("dtype", (np.float64, np.float32))
-        data, y = validate_data(self, X, y, y_numeric=False, reset=True, accept_sparse=False, dtype=list(dtype),
-                                allow_nd=kw.get("allow_nd", False))
+        data, y = validate_data(self, X, y, y_numeric=False, reset=True, accept_sparse=kw.get("accept_sparse", False),
+                                dtype=list(dtype), allow_nd=kw.get("allow_nd", False))
         return Input(input_kind(X), data, X), y
 
     def _set_features(self, data: Any, reset: bool) -> None:

@@ -18,10 +18,13 @@ def test_name_is_a_key_prefix_not_the_key():
         gdask.from_array(np.ones(3), name="")
 
 
-def test_sparse_input_is_named():
+def test_sparse_input_gives_csr_blocks():
+    """SciPy sparse input is blocked into CSR row slices (was refused; tests/ml/test_sparse_input.py tests more)."""
     sp = pytest.importorskip("scipy.sparse")
-    with pytest.raises(TypeError, match=r"sparse matrices \(csr_matrix of shape \(5, 5\)\).*toarray"):
-        gdask.from_array(sp.random(5, 5, density=0.5, format="csr"))
+    x = sp.random(5, 5, density=0.5, format="csc", random_state=0)
+    X = gdask.from_array(x, block_rows=2)
+    assert X.nnz == x.nnz
+    assert abs(X.compute() - x).max() == 0
 
 
 def drop_a_row(b):

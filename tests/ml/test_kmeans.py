@@ -117,7 +117,7 @@ def test_many_empty_clusters_take_the_farthest_points(n_empty, backend):
 
 def test_sklearn_compat_messages_and_warnings():
     """scikit-learn's init-shape messages, _n_init, the elkan single-cluster warning, feature names out,
-    the distinct-clusters ConvergenceWarning, a RandomState for callable inits, sparse input densified."""
+    the distinct-clusters ConvergenceWarning, a RandomState for callable inits, sparse input as dense."""
     import re
     import warnings
 

@@ -240,7 +240,7 @@ def test_sklearn_solver_names_solved_by_lbfgs(solver):
     np.testing.assert_array_equal(got.intercept_, ref.intercept_)
 
 
-def test_sparse_input_densified():
+def test_sparse_input_fits_as_dense():
     import scipy.sparse as sp
 
     rng = np.random.default_rng(2)

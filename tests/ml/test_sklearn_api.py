@@ -12,7 +12,7 @@ from gdask.ml import KMeans  # noqa: E402
 EXPECTED_FAILED = {
     "check_sample_weight_equivalence_on_dense_data":
         "sample_weight is not equivalent to removing/repeating samples (as in scikit-learn's KMeans)",
-    "check_sample_weight_equivalence_on_sparse_data":  # sparse input is densified: the same check on sparse data
+    "check_sample_weight_equivalence_on_sparse_data":  # the same check on sparse data (CSR blocks)
         "sample_weight is not equivalent to removing/repeating samples (as in scikit-learn's KMeans)",
 }
 

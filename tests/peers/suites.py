@@ -172,8 +172,8 @@ SUITES += (
                  Rule(("test_penalty_deprecated[*", "test_l1_ratio_None_deprecated",
                        "test_logisticregression_warns_with_n_jobs"), DEPRECATIONS),
                  Rule(("test_large_sparse_matrix[*-sag]", "test_large_sparse_matrix[*-saga]"),
-                      "sparse input is densified by gdask (its blocks are dense): the ValueError scikit-learn's "
-                      "sag/saga raise for 64-bit sparse indices does not apply")),
+                      "'sag' / 'saga' are solved by gdask's own solvers on CSR blocks, which take 64-bit sparse "
+                      "indices: the ValueError scikit-learn's sag/saga raise for them does not apply")),
           skip=(_LEFT_OUT_ARRAY_API,
                 Rule(("test_multinomial_cv_iris[*", "test_logistic_regression_solvers_multiclass[*"),
                      "left out (CI cost): GridSearchCV / every solver name over many C values fit gdask's "

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from gdask.devices import array_namespace, asarray_like, astype, to_numpy
+from gdask.devices import array_namespace, asarray_like, astype, is_sparse, sparse_rows, to_numpy
 from gdask.ml import kernels
 from gdask.ml._base import require_finite
 
 __all__ = [
     "assign_host", "bounds_labels_host", "count_nearest", "distances_block", "distances_host", "farthest_rows",
     "join_lists", "labels_block", "labels_host", "narrow", "sample_block", "sum_mind", "take", "take_rows",
+    "take_sparse_rows",
 ]
 
 
@@ -22,7 +23,9 @@ __all__ = [
 # them there), results that go to the host moved explicitly (gdask.devices.to_numpy) --------------
 def take(x, idx):
     """Rows ``idx`` (host indices, or indices on the block's device) of a device block (or weights),
-    on the block's device."""
+    on the block's device (a CSR block's rows as a dense array: a few rows, for centers)."""
+    if is_sparse(x):
+        return sparse_rows(x, to_numpy(idx))
     if isinstance(x, np.ndarray):
         return x[to_numpy(idx)]
     if isinstance(idx, np.ndarray):
@@ -49,6 +52,13 @@ def count_nearest(blk, centers, w=None):
 
 def take_rows(blk, idx):
     return to_numpy(take(blk, idx))
+
+
+def take_sparse_rows(blk, idx):
+    """Rows ``idx`` of a CSR block as a SciPy CSR matrix on the host (a sample kept sparse)."""
+    from gdask.devices import sparse_to_host
+
+    return sparse_to_host(sparse_rows(blk, idx, dense=False))
 
 
 def sum_mind(blk, centers, w=None):
@@ -96,6 +106,8 @@ def join_lists(parts):
 
 def distances_block(blk, centers):
     require_finite(blk)
+    if is_sparse(blk):
+        return kernels.kernels_for("kmeans", blk).distances(blk, centers)
     xp = np if isinstance(blk, np.ndarray) else array_namespace(blk)
     c = astype(centers, blk.dtype) if hasattr(centers, "shape") else asarray_like(centers, blk, dtype=blk.dtype)
     d2 = xp.sum(blk * blk, axis=1)[:, None] - 2 * (blk @ c.T) + xp.sum(c * c, axis=1)[None, :]

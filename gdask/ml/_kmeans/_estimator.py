@@ -18,7 +18,6 @@ from gdask.ml._base import (
     Input,
     NotFinite,
     check_finite,
-    densified,
     host_array,
     in_task_scope,
     shared_docs,
@@ -36,8 +35,12 @@ __all__ = ["KMeans"]
 class KMeans(DeviceEstimatorMixin, ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin, BaseEstimator):
     """K-means clustering (Lloyd) over device-resident blocks, scikit-learn API.
 
-    Accepts NumPy / CuPy arrays, pandas DataFrames and GDataSets; works with a
-    ``distributed.Client`` (blocks on the cluster's devices) or without one (local threads).
+    Accepts NumPy / CuPy arrays, pandas DataFrames, SciPy sparse matrices and arrays (any format) and
+    GDataSets; works with a ``distributed.Client`` (blocks on the cluster's devices) or without one
+    (local threads). Sparse input is never densified: it is blocked into CSR row slices (SciPy CSR on
+    emulated devices, ``cupyx.scipy.sparse`` CSR on CUDA), and each pass computes the distances as
+    ``|c|^2 - 2 X C^T`` and the new centers' sums as ``X^T @ onehot`` (O(nnz) per block, plus
+    ``rows x n_clusters`` temporaries).
     Each Lloyd iteration runs one fused kernel per block (distances + argmin + partial sums) and
     a tree reduction of the small partials. With a Client and persisted data that fits on the
     devices, the whole loop runs as one task per worker, the workers exchanging their partials
@@ -87,7 +90,8 @@ class KMeans(DeviceEstimatorMixin, ClassNamePrefixFeaturesOutMixin, ClusterMixin
         distances (Hamerly's variant of Elkan's method: one lower bound per row, so 24 bytes of
         state per row on the device instead of 8 per row and center), and only rows whose bounds
         no longer prove their cluster are looked at. "auto" is "elkan" from 8 features up (below,
-        distances are too cheap for the bookkeeping to pay).
+        distances are too cheap for the bookkeeping to pay). On sparse input every algorithm runs
+        Lloyd's passes (the same assignments, hence the same answer).
     {job_parameters}
     {output_type_parameter}
 
@@ -137,7 +141,7 @@ class KMeans(DeviceEstimatorMixin, ClassNamePrefixFeaturesOutMixin, ClusterMixin
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.input_tags.sparse = True  # densified (gdask.ml._base.densified)
+        tags.input_tags.sparse = True  # CSR blocks, never densified (gdask.ml.kernels._kmeans_sparse)
         return tags
 
     @property
@@ -188,7 +192,7 @@ class KMeans(DeviceEstimatorMixin, ClassNamePrefixFeaturesOutMixin, ClusterMixin
     def _prepare(self, X: Any, reset: bool) -> tuple[GDataSet, Input]:
         """(GDataSet, the adapted input); host input goes through scikit-learn's ``validate_data``
         (same errors, ``n_features_in_``, ``feature_names_in_``)."""
-        inp = self._input(densified(X), reset=reset)
+        inp = self._input(X, reset=reset, accept_sparse="csr")
         return inp.gdataset(), inp
 
     @staticmethod
@@ -226,7 +230,7 @@ class KMeans(DeviceEstimatorMixin, ClassNamePrefixFeaturesOutMixin, ClusterMixin
 
         Parameters
         ----------
-        X : array-like, DataFrame, CuPy array, dask array or GDataSet of shape (n_samples, n_features)
+        X : array-like, sparse matrix, DataFrame, CuPy array, dask array or GDataSet of shape (n_samples, n_features)
         y : ignored
         sample_weight : array-like or GDataSet of shape (n_samples,), optional
 
@@ -289,7 +293,8 @@ class KMeans(DeviceEstimatorMixin, ClassNamePrefixFeaturesOutMixin, ClusterMixin
         best = None
         for _ in range(n_init):
             centers = self._init_centers(G, rng, *init_weights, original=X)
-            bounds = self.n_clusters > 1 and (self.algorithm == "elkan" or (self.algorithm == "auto" and d >= 8))
+            bounds = (self.n_clusters > 1 and G.nnz is None  # CSR blocks: Lloyd's passes
+                      and (self.algorithm == "elkan" or (self.algorithm == "auto" and d >= 8)))
             state = LoopState(centers, bounds, tol, np.dtype(G.dtype), n)
             algo = KMeansLoop(self.max_iter, weighted=W is not None, labels=not lazy)
             progress = Progress(self.verbose, self.callback, total=self.max_iter, desc="KMeans")

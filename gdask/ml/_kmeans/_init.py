@@ -8,15 +8,18 @@ from typing import Any
 import dask
 import numpy as np
 
-from gdask.devices import to_numpy
+from gdask.devices import is_sparse, sparse_vstack, to_numpy
 from gdask.gdataset import GDataSet, device_call, sum_parts
-from gdask.ml._kmeans._blocks import count_nearest, sample_block, sum_mind, take_rows
+from gdask.ml._kmeans._blocks import count_nearest, sample_block, sum_mind, take_rows, take_sparse_rows
 
-__all__ = ["choice", "initial_centers", "rows", "weighted_kmeanspp"]
+__all__ = ["choice", "initial_centers", "rows", "sparse_kmeanspp", "weighted_kmeanspp"]
 
 
 def weighted_kmeanspp(points: np.ndarray, weights: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
-    """Greedy weighted k-means++ (Arthur & Vassilvitskii) on a small host array."""
+    """Greedy weighted k-means++ (Arthur & Vassilvitskii) on a small host array (a SciPy CSR matrix:
+    :func:`sparse_kmeanspp`)."""
+    if is_sparse(points):
+        return sparse_kmeanspp(points, weights, k, rng)
     n = points.shape[0]
     trials = 2 + int(np.log(k))
     p = weights / weights.sum()
@@ -40,6 +43,36 @@ def weighted_kmeanspp(points: np.ndarray, weights: np.ndarray, k: int, rng: np.r
     return centers
 
 
+def sparse_kmeanspp(points: Any, weights: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """:func:`weighted_kmeanspp` on the rows of a host SciPy CSR matrix, kept sparse (squared distances
+    ``|p|^2 - 2 p.q + |q|^2`` from sparse products, O(nnz) memory besides ``trials x rows``): the same
+    draws from the same generator; the dense ``(k, n_features)`` centers."""
+    n = points.shape[0]
+    points = points.astype(np.float64)
+    norms = np.asarray(points.multiply(points).sum(axis=1)).ravel()
+    trials = 2 + int(np.log(k))
+
+    def sqdist(idx: np.ndarray) -> np.ndarray:  # (len(idx), n)
+        cross = (points[idx] @ points.T).toarray()
+        return np.maximum(norms[idx][:, None] - 2 * cross + norms[None, :], 0.0)
+
+    first = rng.choice(n, p=weights / weights.sum())
+    chosen = [first]
+    d2 = sqdist(np.array([first]))[0]
+    for _ in range(1, k):
+        pot = weights * d2
+        tot = pot.sum()
+        if tot <= 0:
+            cand = rng.choice(n, size=trials)
+        else:
+            cand = np.minimum(np.searchsorted(np.cumsum(pot), rng.random(trials) * tot), n - 1)
+        cd = np.minimum(sqdist(cand), d2[None, :])
+        best = int(np.argmin((cd * weights[None, :]).sum(1)))
+        chosen.append(int(cand[best]))
+        d2 = cd[best]
+    return points[np.asarray(chosen)].toarray()
+
+
 def choice(rng: np.random.Generator, n: int, size: int, p: np.ndarray | None) -> np.ndarray:
     """``size`` distinct row indices, drawn with probabilities ``p`` (rows with p=0 last resort)."""
     if p is not None and np.count_nonzero(p) < size:  # not enough weighted rows: fill uniformly
@@ -49,16 +82,18 @@ def choice(rng: np.random.Generator, n: int, size: int, p: np.ndarray | None) ->
     return rng.choice(n, size=size, replace=False, p=p)
 
 
-def rows(X: GDataSet, idx: np.ndarray) -> np.ndarray:
-    """Rows ``idx`` of ``X`` on the host, in ascending order (one task per block holding some)."""
+def rows(X: GDataSet, idx: np.ndarray, sparse: bool = False) -> Any:
+    """Rows ``idx`` of ``X`` on the host, in ascending order (one task per block holding some); with
+    ``sparse`` (CSR blocks only) a SciPy CSR matrix, else a dense array."""
     idx = np.sort(np.asarray(idx))
     offs = np.asarray(X.block_offsets + (X.shape[0],))
     parts = []
     for b in range(X.nblocks):
         sel = idx[(idx >= offs[b]) & (idx < offs[b + 1])] - offs[b]
         if sel.size:
-            parts.append(dask.delayed(device_call)(take_rows, X.block(b), sel))
-    return np.concatenate(dask.compute(*parts), axis=0)
+            parts.append(dask.delayed(device_call)(take_sparse_rows if sparse else take_rows, X.block(b), sel))
+    found = dask.compute(*parts)
+    return sparse_vstack(list(found)) if sparse else np.concatenate(found, axis=0)
 
 
 def initial_centers(est: Any, X: GDataSet, rng: np.random.Generator, w: np.ndarray | None = None,
@@ -82,8 +117,8 @@ def initial_centers(est: Any, X: GDataSet, rng: np.random.Generator, w: np.ndarr
         return rows(X, choice(rng, n, k, p))[rng.permutation(k)]
     if est.init == "k-means++":
         m = min(n, max(est.init_sample, k))
-        pts = rows(X, choice(rng, n, m, p))
-        return weighted_kmeanspp(pts.astype(np.float64), np.ones(len(pts)), k, rng).astype(X.dtype)
+        pts = rows(X, choice(rng, n, m, p), sparse=X.nnz is not None)  # a sample of CSR blocks stays sparse
+        return weighted_kmeanspp(pts.astype(np.float64), np.ones(pts.shape[0]), k, rng).astype(X.dtype)
     return _kmeans_parallel(est, X, rng, p, W)
 
 

@@ -17,7 +17,6 @@ from gdask.ml._base import (
     Input,
     NotFinite,
     check_finite,
-    densified,
     host_array,
     in_task_scope,
     input_kind,
@@ -58,9 +57,12 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
     default. Each evaluation of the loss and its gradient is one pass over the blocks: one task per
     worker thread over the blocks it holds, combined on the client (one Dask round trip).
 
-    Accepts NumPy / CuPy arrays, pandas DataFrames, lists and GDataSets; ``y`` as an array, list
-    or Series, or as a GDataSet / dask array blocked like ``X``. Works with a ``distributed.Client``
-    (blocks on the cluster's devices) or without one (local threads).
+    Accepts NumPy / CuPy arrays, pandas DataFrames, lists, SciPy sparse matrices and arrays (any
+    format) and GDataSets; ``y`` as an array, list or Series, or as a GDataSet / dask array blocked
+    like ``X``. Works with a ``distributed.Client`` (blocks on the cluster's devices) or without one
+    (local threads). Sparse input is never densified: it is blocked into CSR row slices (SciPy CSR on
+    emulated devices, ``cupyx.scipy.sparse`` CSR on CUDA) and every pass computes ``X @ w`` and
+    ``X^T @ r`` as sparse products; predictions for sparse host input are NumPy.
 
     Parameters
     ----------
@@ -170,7 +172,7 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.input_tags.sparse = True  # densified (gdask.ml._base.densified)
+        tags.input_tags.sparse = True  # CSR blocks, never densified (gdask.ml.kernels._logistic_sparse)
         return tags
 
     # -- validation ------------------------------------------------------------------------------
@@ -297,7 +299,7 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
 
         Parameters
         ----------
-        X : array-like, DataFrame, CuPy array or GDataSet of shape (n_samples, n_features)
+        X : array-like, sparse matrix, DataFrame, CuPy array or GDataSet of shape (n_samples, n_features)
         y : array-like, Series, GDataSet or dask array of shape (n_samples,)
             Class labels; a GDataSet or dask array is used blockwise (blocked like X, or rechunked).
         sample_weight : array-like, GDataSet or dask array of shape (n_samples,), optional
@@ -312,7 +314,7 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
             return self._fit(X, y, sample_weight)
 
     def _fit(self, X: Any, y: Any, sample_weight: Any) -> LogisticRegression:
-        inp, y = self._input_xy(densified(X), y)
+        inp, y = self._input_xy(X, y, accept_sparse="csr")
         G = inp.gdataset(block_rows=y.row_blocks if isinstance(y, GDataSet) else None)  # X follows a blocked y
         n, d = G.shape
         W, w_host = self._weights(sample_weight, G)
@@ -379,7 +381,7 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
         else (n_samples, n_classes). NumPy (CuPy for CuPy input; see ``output_type``); for a GDataSet
         or dask input a lazy collection blocked like X."""
         self._check_fitted()
-        inp = self._input(densified(X), reset=False)
+        inp = self._input(X, reset=False, accept_sparse="csr")
         if inp.kind.lazy:
             return self._lazy(inp, decision_block, None)
         scores = self._scores(inp)
@@ -418,7 +420,7 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
         classes; see ``output_type``); for a GDataSet or dask input with numeric classes, a lazy
         collection blocked like X."""
         self._check_fitted()
-        inp = self._input(densified(X), reset=False)
+        inp = self._input(X, reset=False, accept_sparse="csr")
         if inp.kind.lazy and self.classes_.dtype.kind in "biuf":
             return self._lazy(inp, predict_block, self.classes_.dtype, self.classes_)
         scores = self._scores(inp)
@@ -432,7 +434,7 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
         NumPy (CuPy for CuPy input; see ``output_type``); for a GDataSet or dask input a lazy
         collection blocked like X."""
         self._check_fitted()
-        inp = self._input(densified(X), reset=False)
+        inp = self._input(X, reset=False, accept_sparse="csr")
         if inp.kind.lazy:
             return self._lazy(inp, proba_block, None)
         scores = self._scores(inp)

@@ -58,6 +58,8 @@ def loss_grad_combine(parts: list) -> tuple:
 
 def decision(X, coef, intercept):
     """``X @ coef.T + intercept`` of one block, shape (n, K), as scikit-learn computes it."""
+    if _dispatch.block_kind(X) == "sparse":
+        return _dispatch.kernels_for("logistic", X).decision(X, coef, intercept)
     if isinstance(X, np.ndarray):
         return np.ascontiguousarray(X @ np.asarray(coef).T + np.asarray(intercept))
     xp = array_namespace(X)
@@ -109,6 +111,8 @@ def encode_labels(y, classes):
 def gram(X, w=None, class_w=None, y=None):
     """``[X, 1]^T diag(s) [X, 1]`` of one block in float64 (``s``: row weights), for the step size
     of gradient descent."""
+    if _dispatch.block_kind(X) == "sparse":
+        return _dispatch.kernels_for("logistic", X).gram(X, w, class_w, y)
     xp = np if isinstance(X, np.ndarray) else array_namespace(X)
     s = row_weights(y, w, class_w)
     Xs = X if s is None else X * astype(s, X.dtype)[:, None]
@@ -124,6 +128,8 @@ def gram(X, w=None, class_w=None, y=None):
 
 def sq_norms(X, w=None, class_w=None, y=None):
     """Trace of :func:`gram`: ``sum_i s_i (||x_i||^2 + 1)``, for many features."""
+    if _dispatch.block_kind(X) == "sparse":
+        return _dispatch.kernels_for("logistic", X).sq_norms(X, w, class_w, y)
     xp = np if isinstance(X, np.ndarray) else array_namespace(X)
     s = row_weights(y, w, class_w)
     rows = xp.sum(X * X, axis=1, dtype=xp.float64) + 1
