@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import pickle
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -84,11 +85,12 @@ class EmulatedTier:
         return _empty_like(lambda shape, dtype, order: self.pool.empty(shape, dtype, order=order), host)
 
     def copy_to_device(self, dev: np.ndarray, host: np.ndarray) -> None:
-        """Fill ``dev`` from ``host``: the host->device copy (sleeps nbytes / bandwidth)."""
+        """Fill ``dev`` from ``host``: the host->device copy (nbytes / bandwidth in all)."""
+        started = time.perf_counter()
         dev[...] = host
         transfer = getattr(self.device, "_transfer", None)
         if transfer is not None:
-            transfer(dev.nbytes, "h2d")
+            transfer(dev.nbytes, "h2d", started)
         else:  # pragma: no cover - an emulated device without the transfer model
             self.device.bytes_h2d += dev.nbytes
 
@@ -115,10 +117,11 @@ class StrictTier(EmulatedTier):
         return self.pool.empty(host.shape, host.dtype)
 
     def copy_to_device(self, dev: Any, host: np.ndarray) -> None:
-        """Fill ``dev`` from ``host``: the host->device copy (sleeps nbytes / bandwidth)."""
+        """Fill ``dev`` from ``host``: the host->device copy (nbytes / bandwidth in all)."""
         xp = self.pool.xp
+        started = time.perf_counter()
         dev[...] = xp.asarray(np.asarray(host), device=self.pool.device)
-        self.device._transfer(int(host.nbytes), "h2d")
+        self.device._transfer(int(host.nbytes), "h2d", started)
 
     def to_host(self, dev: Any) -> np.ndarray:
         """A NumPy copy of ``dev`` not charged to the pool (sleeps nbytes / bandwidth)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -154,16 +155,18 @@ class StrictDevice(EmulatedDevice):
         if is_strict(x):
             x = to_numpy(x)  # another strict device (or the CPU device): through the host, explicitly
         host = np.asarray(x)
+        started = time.perf_counter()
         out = self.with_room(host.nbytes, lambda: self.pool.copy_of(host, order), "a host->device copy")
-        self._transfer(host.nbytes, "h2d")
+        self._transfer(host.nbytes, "h2d", started)
         return out
 
     def to_host(self, x: Any) -> Any:
         """A NumPy copy of a device array (sleeps ``nbytes / bandwidth``); host data is returned as is."""
         if not is_strict(x):
             return x
+        started = time.perf_counter()
         out = to_numpy(x)
-        self._transfer(int(out.nbytes), "d2h")
+        self._transfer(int(out.nbytes), "d2h", started)
         return out
 
     def adopt(self, result: Any) -> Any:
