@@ -34,8 +34,8 @@ __all__ = ["assigned_sqdist", "first_pass", "step"]
 
 #: rows per tile of a bounds step, at most: the rows that fail their bounds are gathered feature by
 #: feature, and long tiles make each feature's reads one long forward stream that the hardware
-#: prefetches (short ones jump between features every few cache lines); capped so each of the two
-#: buffers of gathered rows (float64) takes at most ``_STEP_BUFFER`` bytes
+#: prefetches (short ones jump between features every few cache lines); capped so the gathered
+#: rows (float64) take at most ``_STEP_BUFFER`` bytes
 _STEP_TILE = 4096
 _STEP_BUFFER = 1 << 20
 #: a bounds step first looks at every this many rows: when the rows failing their bounds there
@@ -111,22 +111,13 @@ def _first_pass_numba(xt, w, centers, norms, sums, counts, labels, bounds, topv,
     return sxx
 
 
-@njit(nogil=True, fastmath={"contract"}, cache=True)
+@njit(nogil=True, fastmath={"reassoc", "contract"}, cache=True)
 def _step_numba(xt, w, cf, labels, upper, lower, sums, counts, drift, half, m1, d1, d2, cc,  # pragma: no cover
                 limit):  # compiled
     """One bounds step; ``looked`` > ``limit`` rows failing their bounds aborts it (returns changed = -1,
     the state is then half moved and must be rebuilt by a full pass). A sample of every
     :data:`_SCAN_STRIDE`-th row estimates ``looked`` first: above ``limit``, it aborts at once (the
-    state untouched).
-
-    Per tile of rows: the bounds move by the drift; the rows they no longer settle are gathered
-    feature by feature (feature-major, as the block) with their distance to their own center, all
-    vectorised over those rows; the rows still unsettled then get their distances to every center,
-    again vectorised over rows (no per-center pruning: a SIMD pass over all ``k`` costs less than
-    branching per center, and gives the exact second-nearest distance, a tighter lower bound). Each
-    distance sums its features in order (no reassociation) and the labels take the lowest index among
-    equal distances: a full pass's labels. Changed rows move their sums and counts in row order.
-    ``cc`` (center-center distances) is not used here."""
+    state untouched)."""
     d, n = xt.shape
     k = cf.shape[0]
     if limit < n:  # a look at every 8th row first: most of them failing their bounds, give up now,
@@ -139,17 +130,9 @@ def _step_numba(xt, w, cf, labels, upper, lower, sums, counts, drift, half, m1, 
     changed = 0
     looked = 0
     tile = max(64, min(_STEP_TILE, _STEP_BUFFER // (8 * max(d, 1))))
-    idx = np.empty(tile, np.int64)  # the tile's unsettled rows
-    zt = np.empty(tile, np.float64)  # ... the bound their distance to their own center must beat
-    lt = np.empty(tile, np.int32)  # ... their labels
-    acc = np.empty(tile, np.float64)
-    xg = np.empty((d, tile), np.float64)  # ... their features
-    sel = np.empty(tile, np.int64)  # those still unsettled after their own distance
-    xh = np.empty((d, tile), np.float64)  # ... their features
-    dist = np.empty(tile, np.float64)
-    best = np.empty(tile, np.float64)
-    second = np.empty(tile, np.float64)
-    bi = np.empty(tile, np.int32)
+    idx = np.empty(tile, np.int64)
+    zt = np.empty(tile, np.float64)
+    xb = np.empty((tile, d), np.float64)
     for i0 in range(0, n, tile):
         m = min(tile, n - i0)
         cnt = 0
@@ -169,70 +152,61 @@ def _step_numba(xt, w, cf, labels, upper, lower, sums, counts, drift, half, m1, 
         looked += cnt
         if looked > limit:  # most rows fail their bounds: a full pass is cheaper than this step
             return -1, looked
-        for t in range(cnt):
-            lt[t] = labels[idx[t]]
-            acc[t] = 0.0
-        for j in range(d):  # gather feature by feature (one forward read per feature), own distance
-            xrow = xt[j]
-            g = xg[j]
-            for t in range(cnt):
-                v = np.float64(xrow[idx[t]])
-                g[t] = v
-                e = v - cf[lt[t], j]
-                acc[t] += e * e
-        cnt2 = 0
-        for t in range(cnt):
-            u = np.sqrt(acc[t])
-            upper[idx[t]] = u
-            if u > zt[t]:
-                sel[cnt2] = t
-                cnt2 += 1
-        if cnt2 == 0:
-            continue
+        # gather those rows feature by feature: the block is feature-major, so each feature's part
+        # of the tile is one short contiguous read instead of d scattered loads per row
         for j in range(d):
-            g = xg[j]
-            h = xh[j]
-            for s in range(cnt2):
-                h[s] = g[sel[s]]
-        for s in range(cnt2):
-            best[s] = np.inf
-            second[s] = np.inf
-            bi[s] = 0
-        for c in range(k):  # every center, vectorised over the rows (selects, no branches)
-            for s in range(cnt2):
-                dist[s] = 0.0
-            for j in range(d):
-                cj = cf[c, j]
-                h = xh[j]
-                for s in range(cnt2):
-                    e = h[s] - cj
-                    dist[s] += e * e
-            ci = np.int32(c)
-            for s in range(cnt2):
-                dv = dist[s]
-                b = best[s]
-                sc = second[s]
-                second[s] = b if dv < b else (dv if dv < sc else sc)
-                bi[s] = ci if dv < b else bi[s]
-                best[s] = dv if dv < b else b
-        for s in range(cnt2):  # row order: the sums change as a full pass's assignment would
-            t = sel[s]
+            xrow = xt[j]
+            for t in range(cnt):
+                xb[t, j] = xrow[idx[t]]
+        for t in range(cnt):
             i = idx[t]
-            a = lt[t]
-            b = bi[s]
-            upper[i] = np.sqrt(best[s])
-            lower[i] = np.sqrt(second[s])
-            if b != a:
+            a = labels[i]
+            xr = xb[t]
+            ca = cf[a]
+            acc = 0.0
+            for j in range(d):
+                v = xr[j] - ca[j]
+                acc += v * v
+            u = np.sqrt(acc)
+            upper[i] = u
+            if u <= zt[t]:
+                continue
+            best = acc  # look at the other centers (squared distances; the root of the best two only)
+            bi = a
+            second = np.inf
+            skipped = np.inf
+            for c in range(k):
+                if c == a:
+                    continue
+                if cc[a, c] >= 2.0 * u:  # d(x, c) >= cc - u >= u: c cannot win (Elkan's pruning)
+                    skipped = min(skipped, cc[a, c] - u)  # ... and bounds d(x, c) from below
+                    continue
+                crow = cf[c]
+                acc = 0.0
+                for j in range(d):
+                    v = xr[j] - crow[j]
+                    acc += v * v
+                if acc < best or (acc == best and c < bi):
+                    second = best
+                    best = acc
+                    bi = c
+                elif acc < second:
+                    second = acc
+            best = np.sqrt(best)
+            second = min(np.sqrt(second), skipped)
+            upper[i] = best
+            lower[i] = second
+            if bi != a:
                 wi = 1.0 if w is None else w[i]
                 sa = sums[a]
-                sb = sums[b]
+                sb = sums[bi]
                 for j in range(d):
-                    x = wi * xh[j, s]
+                    x = wi * xr[j]
                     sa[j] -= x
                     sb[j] += x
                 counts[a] -= wi
-                counts[b] += wi
-                labels[i] = b
+                counts[bi] += wi
+                labels[i] = bi
                 changed += 1
     return changed, looked
 
