@@ -129,16 +129,21 @@ def stream_settings(
 
 
 class HeartbeatAtClose(logging.Filter):
-    """Drops distributed's "Failed to communicate with scheduler during heartbeat" error when every
-    worker of this process is closing: a heartbeat sent just before ``Worker.close`` stopped the
-    periodic callbacks finds the connection that ``close`` itself shut, and logs a traceback that
-    says nothing (seen at the end of scripts on loaded machines). Heartbeat failures of a running
-    worker are logged as before. Stateless: it reads the workers' status when a record comes."""
+    """Drops the errors of a worker heartbeat that fails because the worker is closing: when every
+    worker of this process is closing, distributed's "Failed to communicate with scheduler during
+    heartbeat" / "Unexpected exception during heartbeat" (a heartbeat sent just before
+    ``Worker.close`` stopped the periodic callbacks finds the connection pool that ``close`` itself
+    shut) and tornado's "Exception in callback ... Worker.heartbeat" for the same failure. They
+    print tracebacks that say nothing at the end of scripts on loaded machines. A running worker's
+    heartbeat failures are logged as before. Stateless: it reads the workers' status when a record
+    comes. Installed on the loggers :data:`HEARTBEAT_LOGGERS` by the device plugin."""
 
-    MESSAGE = "Failed to communicate with scheduler during heartbeat"
+    MESSAGES = ("Failed to communicate with scheduler during heartbeat", "Unexpected exception during heartbeat")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not str(record.msg).startswith(self.MESSAGE):
+        msg = str(record.msg)
+        if not (msg.startswith(self.MESSAGES) or (msg.startswith("Exception in callback")
+                                                   and "Worker.heartbeat" in record.getMessage())):
             return True
         from distributed.core import Status
 
@@ -146,6 +151,9 @@ class HeartbeatAtClose(logging.Filter):
         return not workers or any(w.status not in (Status.closing, Status.closed, Status.closing_gracefully)
                                   for w in workers)
 
+
+#: the loggers a heartbeat failure at close is reported on
+HEARTBEAT_LOGGERS = ("distributed.worker", "tornado.application")
 
 #: one filter per process (``addFilter`` adds an equal filter once)
 HEARTBEAT_AT_CLOSE = HeartbeatAtClose()
@@ -245,7 +253,8 @@ class DeviceSetup(WorkerPlugin):
         return self.specs.get(str(worker.name))
 
     def setup(self, worker: Any) -> None:
-        logging.getLogger("distributed.worker").addFilter(HEARTBEAT_AT_CLOSE)
+        for name in HEARTBEAT_LOGGERS:
+            logging.getLogger(name).addFilter(HEARTBEAT_AT_CLOSE)
         spec = self.spec_for(worker)
         if spec is None:
             logger.info("gdask: worker %s has no device spec; it runs non-device work only", worker.name)

@@ -54,6 +54,13 @@ def test_a_heartbeat_failing_while_the_workers_close_is_not_logged(monkeypatch):
     monkeypatch.setattr(_worker, "process_workers", lambda: [SimpleNamespace(status=Status.closing)])
     assert not f.filter(beat)  # the worker closes its own connections: nothing to report
     assert f.filter(record("something else"))
+    assert not f.filter(record("Unexpected exception during heartbeat. Closing worker."))
+    tornado = logging.LogRecord("tornado.application", logging.ERROR, __file__, 1, "Exception in callback %r", (
+        "<bound method Worker.heartbeat of <Worker 'tcp://127.0.0.1:1', status: closed>>",), None)
+    assert not f.filter(tornado)
+    other = logging.LogRecord("tornado.application", logging.ERROR, __file__, 1, "Exception in callback %r",
+                              ("<function f>",), None)
+    assert f.filter(other)
     monkeypatch.setattr(_worker, "process_workers", lambda: [SimpleNamespace(status=Status.running),
                                                              SimpleNamespace(status=Status.closed)])
     assert f.filter(beat)  # a running worker lost its scheduler: reported
