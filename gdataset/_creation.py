@@ -132,15 +132,7 @@ def from_array(x: Any, block_rows: int | None = None, *, name: str | None = None
         row_bytes = dtype.itemsize * math.prod(x.shape[1:])
         block_rows = default_block_rows(n, row_bytes)
     rows = _rows_of(n, block_rows)
-    _check_name(name)
-    # the name is a prefix: keys always name the content, so the same name with other data is another dataset
-    name = f"{name or 'from-array'}-{tokenize(x, rows, *job_salt())}"
-    layer = {}
-    start = 0
-    for i, r in enumerate(rows):
-        layer[(name, i)] = Task((name, i), _blocks.to_device, x[start:start + r, ...])
-        start += r
-    graph = HighLevelGraph.from_collections(name, device_layer(layer, "to_device"), dependencies=())
+    name, graph = _row_slices(x, rows, name)
     return GDataSet(graph, name, rows, x.shape[1:] or None, dtype, _device_backend(mod), input_type=input_type)
 
 
@@ -159,6 +151,20 @@ def _check_name(name: Any) -> None:
         raise TypeError(f"name must be a non-empty string (a key prefix), got {name!r}")
 
 
+def _row_slices(x: Any, rows: tuple[int, ...], name: str | None) -> tuple[str, HighLevelGraph]:
+    """The dataset name and graph of ``x``'s row slices of ``rows`` rows each, one ``to_device`` task per
+    block (dense arrays of any kind, and SciPy CSR matrices)."""
+    _check_name(name)
+    # the name is a prefix: keys always name the content, so the same name with other data is another dataset
+    name = f"{name or 'from-array'}-{tokenize(x, rows, *job_salt())}"
+    layer = {}
+    start = 0
+    for i, r in enumerate(rows):  # x[a:b, ...]: array-api-strict refuses a partial index of a 2-D array
+        layer[(name, i)] = Task((name, i), _blocks.to_device, x[start:start + r, ...])
+        start += r
+    return name, HighLevelGraph.from_collections(name, device_layer(layer, "to_device"), dependencies=())
+
+
 def _from_sparse(x: Any, block_rows: Any, name: str | None, input_type: str) -> GDataSet:
     """:func:`from_array` of a SciPy sparse matrix or array (any format, converted to CSR): blocks of
     CSR row slices, O(nnz) each (SciPy CSR on emulated devices, ``cupyx.scipy.sparse`` CSR on CUDA)."""
@@ -173,14 +179,7 @@ def _from_sparse(x: Any, block_rows: Any, name: str | None, input_type: str) -> 
         row_bytes = max(1, math.ceil(x.nnz * (x.dtype.itemsize + x.indices.dtype.itemsize) / n))
         block_rows = default_block_rows(n, row_bytes)
     rows = _rows_of(n, block_rows)
-    _check_name(name)
-    name = f"{name or 'from-array'}-{tokenize(x, rows, *job_salt())}"
-    layer = {}
-    start = 0
-    for i, r in enumerate(rows):
-        layer[(name, i)] = Task((name, i), _blocks.to_device, x[start:start + r])
-        start += r
-    graph = HighLevelGraph.from_collections(name, device_layer(layer, "to_device"), dependencies=())
+    name, graph = _row_slices(x, rows, name)
     return GDataSet(graph, name, rows, d, x.dtype, _device_backend("numpy"), input_type=input_type, nnz=x.nnz)
 
 
