@@ -11,7 +11,9 @@ numba.cuda is imported on the first call (``import gdask`` and the kernel module
 and each kernel is compiled once per name and block dtype (:data:`KERNELS`). Kernels name ``cuda`` as
 a global of the module that defines them, which the simulator swaps for its own per-launch module:
 :func:`kernel` binds it in that module before the factory compiles. The simulator runs one launch at
-a time: call the kernels from one thread when ``NUMBA_ENABLE_CUDASIM=1``.
+a time: call the kernels from one thread when ``NUMBA_ENABLE_CUDASIM=1``. Its threads of a block
+create a shared array on first use, unlocked, so two threads racing there would each get their own
+array: :func:`numba_cuda` makes that creation atomic (:func:`_atomic_simulated_shared`).
 
 Sums are deterministic: no floating-point atomics. Each thread block writes its partials to its own
 row of a ``(grid, ...)`` buffer, and :func:`sum_partials` adds the rows in thread-block order. So a
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 import threading
 from contextlib import nullcontext
 from typing import Any, Callable
@@ -62,8 +65,40 @@ def numba_cuda() -> Any:
     if cuda is None:
         from numba import cuda as module
 
+        if simulating():
+            _atomic_simulated_shared()
         cuda = module
     return cuda
+
+
+def _atomic_simulated_shared() -> None:
+    """Make the simulator's ``cuda.shared.array`` atomic. It finds a block's array by the calling
+    line, creating it when absent, without a lock: a thread switch between the look-up and the store
+    gives two threads of one block two arrays (an atomic add lost, partial sums split), seen as a
+    rare wrong count under load. Idempotent; the class is the simulator's, so every launch gets it."""
+    from numba.cuda.simulator import kernelapi
+
+    shared = kernelapi.FakeCUDAShared
+    if getattr(shared.array, "_gdask_atomic", False):
+        return
+    create = shared.array
+    guard = threading.Lock()
+
+    def array(self: Any, shape: Any, dtype: Any, alignment: Any = None) -> Any:
+        if shape == 0 or alignment is not None:  # dynamic shared memory, or the simulator's refusal
+            return create(self, shape, dtype, alignment)
+        caller = sys._getframe(1)  # a static array is the calling line's, as in the simulator
+        where = (caller.f_code.co_filename, caller.f_lineno)
+        with guard:
+            found = self._allocations.get(where)
+            if found is None:
+                if isinstance(dtype, kernelapi.types.Type):  # the simulator's own conversion
+                    dtype = kernelapi.numpy_support.as_dtype(dtype)
+                found = self._allocations[where] = np.empty(shape, dtype)
+        return found
+
+    array._gdask_atomic = True  # type: ignore[attr-defined]
+    shared.array = array
 
 
 def simulating() -> bool:
@@ -186,7 +221,10 @@ def kernel(name: str, dtype: Any, spec: tuple = ()) -> Any:
         if kern is None:
             factory = FACTORIES[name]
             # the factory's kernels name ``cuda`` as a global of their module: bind it there
-            importlib.import_module(factory.__module__).cuda = numba_cuda()
+            # (once: a launch under way elsewhere has the simulator's module there, left as it is)
+            module = importlib.import_module(factory.__module__)
+            if getattr(module, "cuda", None) is None:
+                module.cuda = numba_cuda()
             kern = KERNELS[key] = factory(np.dtype(dtype), *spec)
     return kern
 
