@@ -51,7 +51,8 @@ The package, by process role:
 from __future__ import annotations
 
 from gdask.gdataset.engine._api import MODES, Blocks, EngineResult, IterativeAlgorithm, LoopContext
-from gdask.gdataset.engine._client import exceeds_devices
+from gdask.gdataset.engine._client import device_memories, exceeds_devices
 from gdask.gdataset.engine._run import run_loop
 
-__all__ = ["Blocks", "EngineResult", "IterativeAlgorithm", "LoopContext", "MODES", "exceeds_devices", "run_loop"]
+__all__ = ["Blocks", "EngineResult", "IterativeAlgorithm", "LoopContext", "MODES", "device_memories", "exceeds_devices",
+           "run_loop"]

@@ -48,12 +48,28 @@ __all__ = ["ClientContext", "WorkersOutcome", "bounded_compute", "drop_state", "
 
 
 # -- before the loop ------------------------------------------------------------------------------------
-def _device_memory(client: Any) -> int:
+def device_memories(client: Any = None) -> list[int]:
+    """The memory (bytes) of each device of ``client``'s cluster, as the devices were set up (not
+    what is free now); ``[]`` without a client or where no device reported yet.
+
+    Parameters
+    ----------
+    client : distributed.Client, optional
+        Default: the current client.
+
+    Returns
+    -------
+    list of int
+    """
+    client = client if client is not None else default_client_or_none()
+    if client is None:
+        return []
     specs = getattr(getattr(client, "cluster", None), "device_specs", None)
     if specs:  # a LocalGPUCluster in this process knows its devices: no round trip
-        return sum(int(s.memory or 0) for s in specs)
+        return [int(s.memory or 0) for s in specs]
     workers = client.scheduler_info(n_workers=-1)["workers"].values()
-    return sum(int((w.get("metrics", {}).get(protocol.METRIC_DEVICE) or {}).get("memory") or 0) for w in workers)
+    found = [int((w.get("metrics", {}).get(protocol.METRIC_DEVICE) or {}).get("memory") or 0) for w in workers]
+    return [m for m in found if m > 0]
 
 
 def exceeds_devices(nbytes: int, client: Any = None, fraction: float = 0.8) -> bool:
@@ -72,10 +88,7 @@ def exceeds_devices(nbytes: int, client: Any = None, fraction: float = 0.8) -> b
     -------
     bool
     """
-    client = client if client is not None else default_client_or_none()
-    if client is None:
-        return False
-    total = _device_memory(client)
+    total = sum(device_memories(client))
     return total > 0 and nbytes > fraction * total
 
 

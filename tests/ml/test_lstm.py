@@ -197,16 +197,30 @@ def test_epoch_plans_cover_every_training_row_once():
         for pos, rows in parts:
             at = [batch.tolist().index(offsets[one[pos][0]] + r) for r in rows]
             assert at == sorted(at)
-    # the streaming plan: every training row of the worker once per epoch, the same number of steps
+    # the streaming plan: every training row once per epoch, the same number of steps, each block's
+    # part of a step the same whoever holds it; windows {0, 2} and {1, 3} (blocks b % 2), one after
+    # the other, forward then backward
     for epoch in (0, 1):
-        for loc in ranks:
-            sp = StreamPlan(tr.seed, tr.steps(len(train)), epoch, loc, offsets, train, window=1)
-            parts = list(sp)
-            assert len(parts) == tr.steps(len(train))
-            rows = sorted(int(offsets[loc[pos][0]] + r) for step, _ in parts for pos, rr in step for r in rr)
-            mine = [r for r in train if any(offsets[b] <= r < offsets[b + 1] for b, _ in loc)]
-            assert rows == mine
-            assert sp.order == [b for b, _ in (loc if epoch == 0 else loc[::-1])]  # alternating scans
+        one_sp = StreamPlan(tr.seed, epoch, 2, 6, offsets, train, one)
+        assert one_sp.windows == 2 and one_sp.reads == ([0, 2, 1, 3] if epoch == 0 else [1, 3, 0, 2])
+        first = [0, 2] if epoch == 0 else [1, 3]
+        in_first = np.isin(np.searchsorted(offsets[1:], one_sp.order, side="right"), first)
+        n_first = int(in_first.sum())
+        assert in_first[:n_first].all() and not in_first[n_first:].any()  # one window, then the other
+        assert sorted(one_sp.order.tolist()) == train.tolist()
+        whole = [{one[pos][0]: rows.tolist() for pos, rows in parts} for parts, _ in one_sp]
+        assert len(whole) == tr.steps(len(train))
+        for placed in (ranks, [[(0, {}), (1, {})], [(2, {}), (3, {})]]):  # interleaved, in runs
+            split = [StreamPlan(tr.seed, epoch, 2, 6, offsets, train, loc) for loc in placed]
+            for j, steps in enumerate(zip(*split)):
+                got = {placed[r][pos][0]: rows.tolist() for r, (parts, _) in enumerate(steps) for pos, rows in parts}
+                assert got == whole[j]
+        assert [sp.reads for sp in split] == ([[0, 1], [2, 3]] if epoch == 0 else [[1, 0], [3, 2]])
+        # a block leaves the worker's cache once its rows of the epoch are used
+        sp, cache = split[0], {0: "block 0", 1: "block 1"}
+        for parts, _ in sp:
+            sp.done(parts, cache)
+        assert cache == {}
 
 
 # scikit-learn's checks, all of them. Both estimators set the ``poor_score`` tag, which is what is

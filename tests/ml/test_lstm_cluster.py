@@ -129,6 +129,31 @@ def test_a_lost_worker_restarts_the_fit_from_its_last_epoch(client, caplog):
     np.testing.assert_array_equal(reg.predict(X[:50]), ref.predict(X[:50]))
 
 
+def test_streamed_fit_has_the_same_bits_after_a_lost_worker(client, caplog):
+    """Data larger than the devices: the epoch's order is windows of blocks by block id, never the
+    placement, so the fit that loses a worker (its blocks recomputed on the one left, a single rank
+    streaming every block) ends with the bits of the fit that lost none."""
+    client.wait_for_workers(2, timeout=60)  # a worker an earlier test killed is back (its blocks: below)
+    rng = np.random.default_rng(5)
+    n, T, f = 14_336, 16, 16  # 1 KiB per row, 14 MiB: over 0.8x the two devices' 16 MiB
+    X = rng.standard_normal((n, T, f)).astype(np.float32)
+    y = X[:, -3:, 1].sum(axis=1).astype(np.float32)
+    G = gdask.from_array(X, block_rows=n // 16).persist()
+    kw = dict(hidden_size=3, epochs=3, batch_size=1024, lr=1e-2, random_state=4)
+    ref = LSTMRegressor(**kw).fit(G, y)
+    assert ref.fit_mode_ == "workers" and all(b > 0 for b in ref.h2d_bytes_)  # streamed
+    assert len(ref.history_[0]["shares"]) == 2
+    steps = -(-n // 1024)
+    victim = sorted(client.scheduler_info(n_workers=-1)["workers"])[0]
+    client.run(_die_at_step, steps + 4, workers=[victim])  # in the second epoch
+    with caplog.at_level(logging.WARNING, logger="gdask.gdataset"):
+        reg = LSTMRegressor(**kw).fit(G, y)
+    assert "running it on the workers again from iteration 1" in caplog.text
+    assert reg.restarts_ == 1 and [r["epoch"] for r in reg.history_] == [1, 2, 3]
+    np.testing.assert_array_equal(reg.loss_curve_, ref.loss_curve_)
+    np.testing.assert_array_equal(reg.predict(X[:64]), ref.predict(X[:64]))
+
+
 def test_gradients_per_worker_are_a_config_choice(client):
     """config gdask.ml.torch.gradients: "workers" sums one gradient per worker (placement-dependent
     rounding: the same curve as "blocks" up to it); anything else is a clear error."""

@@ -22,6 +22,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from gdask import config
 from gdask.devices import array_namespace, module_available, to_numpy
 from gdask.gdataset import GDataSet, Progress, default_block_rows, from_array, run_loop
+from gdask.gdataset.engine import device_memories
 from gdask.ml._base import DeviceEstimatorMixin, Input, host_array, shared_docs
 
 __all__ = ["LSTMClassifier", "LSTMRegressor"]
@@ -251,6 +252,7 @@ class _LSTMBase(DeviceEstimatorMixin, BaseEstimator):
                                  seed=seed, n_validation=n_val, early_stopping=bool(self.early_stopping),
                                  n_iter_no_change=int(self.n_iter_no_change), tol=float(self.tol),
                                  row_bytes=int(math.prod(G.shape[1:]) * G.dtype.itemsize),
+                                 device_memory=min(device_memories(), default=None),
                                  combine=_gradients() if _on_a_cluster() else "workers")
         progress = Progress(self.verbose, self.callback, total=epochs, desc=type(self).__name__)
         res = run_loop(trainer, {"X": G, "Y": Y}, state, progress=progress)
@@ -318,10 +320,11 @@ class LSTMRegressor(RegressorMixin, _LSTMBase):
     block: fewer backward passes, bits that depend on the placement).
     The epoch loop runs on the workers, one task per worker for the whole fit; without a Client it
     runs in this process on the local device, one gradient per batch: a plain PyTorch loop's bits.
-    A worker lost during the fit restarts it on the workers from the last finished epoch, with the
-    same bits as a fit that lost none when the data fits on the devices (at most config
-    ``gdask.engine.max-restarts`` times, then a ``CollectiveError``). Data larger than the devices
-    is streamed, each worker through its own blocks: there the order depends on the placement.
+    Data larger than the devices is streamed through the window cache in windows of blocks that fit
+    on one device, rows shuffled within each window: an order that does not depend on the placement
+    either. A worker lost during the fit restarts it on the workers from the last finished epoch,
+    with the same bits as a fit that lost none, on the devices or streamed (at most config
+    ``gdask.engine.max-restarts`` times, then a ``CollectiveError``).
 
     Parameters
     ----------

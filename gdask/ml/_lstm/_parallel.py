@@ -184,38 +184,35 @@ class GlobalPlan:
         """Blocks on the devices stay cached for the whole fit."""
 
 
-class StreamPlan:
-    """Data larger than the devices: this worker's blocks in windows that fit, read through the
-    window cache in an alternating scan; ``steps`` equal parts of its rows per epoch."""
+class StreamPlan(GlobalPlan):
+    """Data larger than the devices: the epoch's order walks windows of blocks, each small enough
+    for one device's window cache, and shuffles the rows within each window. Window ``j`` of ``m``
+    holds the blocks ``b`` with ``b % m == j`` (blocks of every part of the data: with blocks placed
+    in runs, every worker holds some of each window); the windows go forward on even epochs and
+    backward on odd ones (the blocks a worker is left with are the first it reads next), each
+    window's rows in the order of ``np.random.default_rng([seed, epoch, j]).permutation``. The order
+    depends on the data, the seed and the window size only, never on which worker holds which block,
+    so with per-block gradients a streamed fit has the same bits however its blocks are placed (and
+    after a lost worker). Steps are global batches of it, as in :class:`GlobalPlan`; a block leaves
+    this worker's cache once its rows of the epoch are used."""
 
-    def __init__(self, seed: int, steps: int, epoch: int, local: list, offsets: np.ndarray, train: np.ndarray,
-                 window: int) -> None:
-        positions = list(range(len(local)))
-        if epoch % 2:
-            positions.reverse()
-        self.order = [local[p][0] for p in positions]
-        rng = np.random.default_rng([seed, int(epoch), 1 + local[0][0] if local else 0])
+    def __init__(self, seed: int, epoch: int, window: int, batch_size: int, offsets: np.ndarray,
+                 train: np.ndarray, local: list) -> None:
+        nblocks = len(offsets) - 1
+        m = max(1, -(-nblocks // max(1, int(window))))
+        windows = list(range(m))[::-1] if epoch % 2 else list(range(m))
+        block_of = np.searchsorted(offsets[1:], train, side="right")
         pieces = []
-        for w in range(0, len(positions), window):
-            rows = []
-            for p in positions[w:w + window]:
-                b = local[p][0]
-                r = train[(train >= offsets[b]) & (train < offsets[b + 1])] - offsets[b]
-                rows.append(np.stack([np.full(r.size, p), r], axis=1))
-            chunk = np.concatenate(rows) if rows else np.empty((0, 2), np.int64)
-            pieces.append(chunk[rng.permutation(len(chunk))])
-        mine = np.concatenate(pieces) if pieces else np.empty((0, 2), np.int64)
-        self.parts = np.array_split(mine, steps)
-        self.left = {p: 0 for p in positions}
-        for p in mine[:, 0]:
-            self.left[int(p)] += 1
-
-    def __iter__(self):
-        for part in self.parts:
-            out = []
-            for p in np.unique(part[:, 0]):
-                out.append((int(p), part[part[:, 0] == p, 1]))
-            yield out, None
+        for j in windows:
+            rows = train[block_of % m == j]
+            pieces.append(rows[np.random.default_rng([seed, int(epoch), j]).permutation(rows.size)])
+        super().__init__(np.concatenate(pieces) if pieces else train[:0], batch_size, offsets, local)
+        mine = [b for b, _ in local]
+        #: this worker's blocks in the order the epoch reads them (a hint for the window cache)
+        self.reads = [b for j in windows for b in sorted(mine) if b % m == j]
+        self.windows = m
+        counts = np.bincount(block_of, minlength=nblocks)
+        self.left = {pos: int(counts[b]) for pos, (b, _) in enumerate(local)}
 
     def done(self, parts: list, cache: dict) -> None:
         """Drop a block once all its rows of the epoch were used: the window cache may evict it."""

@@ -17,10 +17,13 @@ The epoch's order: data that fits on the devices is shuffled globally, ``np.rand
 epoch]).permutation`` over the training rows, cut into global batches of ``batch_size`` rows (the last
 one smaller), whoever holds the rows; the validation rows of ``early_stopping`` are the first
 ``ceil(validation_fraction * n)`` of ``np.random.default_rng([seed, VALIDATION_STREAM]).permutation(n)``.
-Data larger than the devices is read through the window cache: each worker scans its own blocks
-(forward on even epochs, backward on odd ones, so the blocks left on the device are the next needed),
-shuffles rows within windows of blocks that fit, and takes an equal part of them in each of the
-epoch's ``ceil(n_train / batch_size)`` steps; that order depends on which worker holds which block.
+Data larger than the devices is read through the window cache in windows of blocks that fit on one
+device (:class:`~gdask.ml._lstm._parallel.StreamPlan`): the epoch shuffles rows within each window
+and walks the windows forward on even epochs and backward on odd ones, so the blocks left on the
+devices are the next needed; global batches of that order, as above. The window size comes from the
+smallest device's memory when the fit starts and stays for the fit: the order depends on the data,
+the seed and that size, never on the placement, and a streamed fit has the same bits however its
+blocks are placed and after a lost worker (not those of the same data on the devices: another order).
 """
 
 from __future__ import annotations
@@ -173,7 +176,7 @@ class LSTMTrainer(IterativeAlgorithm):
     def __init__(self, spec: ModelSpec, task: str, row_blocks: tuple[int, ...], *, epochs: int, batch_size: int,
                  lr: float, optimizer: str, weight_decay: float, seed: int, n_validation: int, early_stopping: bool,
                  n_iter_no_change: int, tol: float, row_bytes: int, window_fraction: float = 0.5,
-                 combine: str = "blocks") -> None:
+                 device_memory: int | None = None, combine: str = "blocks") -> None:
         if combine not in ("blocks", "workers"):
             raise ValueError(f"combine must be 'blocks' or 'workers', got {combine!r}")
         self.spec = spec
@@ -195,7 +198,12 @@ class LSTMTrainer(IterativeAlgorithm):
         self.n_iter_no_change = int(n_iter_no_change)
         self.tol = float(tol)
         self.row_bytes = int(row_bytes)
-        self.window_fraction = float(window_fraction)
+        #: data larger than the devices: blocks a window of the epoch's order holds (``window_fraction``
+        #: of the smallest device's memory, ``device_memory``, when the fit starts: fixed for the fit,
+        #: resumes included); without it, one window of every block
+        block_bytes = max(1, max(self.row_blocks, default=1) * self.row_bytes)
+        self.window_blocks = (max(1, int(float(window_fraction) * device_memory // block_bytes)) if device_memory
+                              else max(1, len(self.row_blocks)))
 
     # -- rows -----------------------------------------------------------------------------------------
     @property
@@ -259,8 +267,8 @@ class LSTMTrainer(IterativeAlgorithm):
             h2d0 = int(getattr(dev, "bytes_h2d", 0))
             busy = [0.0]
             if ctx.streaming:
-                plan = self._stream_plan(epoch, local, offsets, train, ctx)
-                ctx.hint([b for b in plan.order])
+                plan = StreamPlan(self.seed, epoch, self.window_blocks, self.batch_size, offsets, train, local)
+                ctx.hint(plan.reads)
             else:
                 plan = GlobalPlan(self.epoch_order(epoch, train), self.batch_size, offsets, local)
             loss_total, mine = 0.0, 0
@@ -349,15 +357,6 @@ class LSTMTrainer(IterativeAlgorithm):
             xb, yb = arrays["X"], arrays["Y"]
             blk = cache[pos] = _Block(as_tensor(time_major(xb)).to(tdev), as_tensor(yb).to(tdev), _nbytes(xb))
         return blk
-
-    def _stream_plan(self, epoch, local, offsets, train, ctx) -> StreamPlan:
-        """Windows of as many blocks as ``window_fraction`` of what the window cache may hold (its
-        capacity: the device's memory less its reserve and other use): a step at the end of a window
-        also reads the next window's blocks, and the cache prefetches them meanwhile."""
-        block_bytes = max(1, max(self.row_blocks[b] for b, _ in local) * self.row_bytes if local else 1)
-        room = ctx.capacity() or 0
-        window = max(1, int(self.window_fraction * room // block_bytes)) if room else len(local)
-        return StreamPlan(self.seed, self.steps(len(train)), epoch, local, offsets, train, window)
 
     def _end_of_epoch(self, model, state, ctx, local, offsets, val, cache, group, dev, tdev, loss, h2d0):
         """The epoch's record (all ranks agree): loss, validation score, host->device bytes (those of
