@@ -11,9 +11,9 @@ numba.cuda is imported on the first call (``import gdask`` and the kernel module
 and each kernel is compiled once per name and block dtype (:data:`KERNELS`). Kernels name ``cuda`` as
 a global of the module that defines them, which the simulator swaps for its own per-launch module:
 :func:`kernel` binds it in that module before the factory compiles. The simulator runs one launch at
-a time: call the kernels from one thread when ``NUMBA_ENABLE_CUDASIM=1``. Its threads of a block
-create a shared array on first use, unlocked, so two threads racing there would each get their own
-array: :func:`numba_cuda` makes that creation atomic (:func:`_atomic_simulated_shared`).
+a time: call the kernels from one thread when ``NUMBA_ENABLE_CUDASIM=1``. The threads of a block
+create a shared array on first use, unlocked, so two threads racing there could each get their own:
+:func:`numba_cuda` makes that creation atomic (:func:`_atomic_simulated_shared`).
 
 Sums are deterministic: no floating-point atomics. Each thread block writes its partials to its own
 row of a ``(grid, ...)`` buffer, and :func:`sum_partials` adds the rows in thread-block order. So a
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import sys
 import threading
 from contextlib import nullcontext
 from typing import Any, Callable
@@ -72,10 +71,13 @@ def numba_cuda() -> Any:
 
 
 def _atomic_simulated_shared() -> None:
-    """Make the simulator's ``cuda.shared.array`` atomic. It finds a block's array by the calling
-    line, creating it when absent, without a lock: a thread switch between the look-up and the store
-    gives two threads of one block two arrays (an atomic add lost, partial sums split), seen as a
-    rare wrong count under load. Idempotent; the class is the simulator's, so every launch gets it."""
+    """Make the simulator's creation of static shared arrays atomic. It keys a block's arrays by the
+    line that creates them and creates a missing one without a lock: a thread switch between the
+    look-up and the store gave two threads of one block two arrays (an atomic add lost, partial sums
+    split: a rare wrong count under load). Here the ``n``-th static array a thread creates in a
+    launch is the launch's ``n``-th, created under a lock: the kernels create theirs at the top, in
+    the same order in every thread (the simulator's own assumption: each such line once per thread).
+    Dynamic shared memory (size 0) is the simulator's. Idempotent; every launch gets it."""
     from numba.cuda.simulator import kernelapi
 
     shared = kernelapi.FakeCUDAShared
@@ -83,18 +85,22 @@ def _atomic_simulated_shared() -> None:
         return
     create = shared.array
     guard = threading.Lock()
+    mine = threading.local()  # per simulated thread: (its launch's shared memory, arrays it created)
 
     def array(self: Any, shape: Any, dtype: Any, alignment: Any = None) -> Any:
         if shape == 0 or alignment is not None:  # dynamic shared memory, or the simulator's refusal
             return create(self, shape, dtype, alignment)
-        caller = sys._getframe(1)  # a static array is the calling line's, as in the simulator
-        where = (caller.f_code.co_filename, caller.f_lineno)
+        seen = getattr(mine, "seen", None)
+        if seen is None or seen[0] is not self:
+            seen = mine.seen = [self, 0]
+        where = ("gdask static shared array", seen[1])
+        seen[1] += 1
         with guard:
             found = self._allocations.get(where)
             if found is None:
                 if isinstance(dtype, kernelapi.types.Type):  # the simulator's own conversion
                     dtype = kernelapi.numpy_support.as_dtype(dtype)
-                found = self._allocations[where] = np.empty(shape, dtype)
+                found = self._allocations[where] = kernelapi.np.empty(shape, dtype)
         return found
 
     array._gdask_atomic = True  # type: ignore[attr-defined]
