@@ -38,7 +38,9 @@ class Suite:
     source: str | None = None
 
 
-SPARSE = "sparse input: gdask.ml estimators take dense data (NumPy, CuPy, dask, GDataSet) and refuse sparse matrices"
+SPARSE = ("sparse input: gdask's PCA, TruncatedSVD and linear models take dense data (NumPy, CuPy, dask, GDataSet) "
+          "and refuse sparse matrices (only KMeans and LogisticRegression take CSR); not strict: the parametrizations "
+          "scikit-learn densifies before the estimator sees them pass")
 ARRAY_API = ("scikit-learn's array-API dispatch (array_api_dispatch=True with torch / array-api-strict inputs): gdask "
              "takes NumPy, CuPy, dask and GDataSets and runs its own array-API code on its devices")
 PRECOMPUTE = ("a precomputed Gram matrix given as an array: gdask always all-gathers its own from the blocks and "
