@@ -36,6 +36,7 @@ class BlockBounds:
     far: Any = None  # after a full pass: (squared distances, rows, labels) of the farthest rows
     sxx: float = float("nan")  # sum_i w_i |x_i|^2 in float64, from the full pass (for the inertia at the end)
     memo: Any = None  # the last passes' (centers, partial): a pass asked again gets the same answer
+    buffer: Any = None  # the allocation behind labels and bounds (CPU): a full pass that rebuilds them reuses it
 
 
 def center_geometry(centers: np.ndarray, old: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, float, float,

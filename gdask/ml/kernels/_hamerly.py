@@ -108,7 +108,12 @@ def _update_state(blk: Any, centers: Any, token: str, w: Any) -> tuple[BlockBoun
             st.centers = cf if backend == "cpu" else asarray_like(cf, blk)
     if full:
         old = None if st is None else st.labels
-        st = impl.first_pass(blk, cf, w)
+        if backend == "cpu" and st is not None and old.shape == (blk.shape[0],):
+            # a rebuild writes over the state it replaces (fresh memory costs its page faults)
+            old = old.copy()
+            st = impl.first_pass(blk, cf, w, reuse=st)
+        else:
+            st = impl.first_pass(blk, cf, w)
         _charge(st)
         changed = blk.shape[0] if old is None or tuple(old.shape) != tuple(st.labels.shape) else \
             int(np.count_nonzero(to_numpy(old) != to_numpy(st.labels)))
