@@ -83,7 +83,7 @@ class KMeans(DeviceEstimatorMixin, ClassNamePrefixFeaturesOutMixin, ClusterMixin
     callback : callable, optional
         ``callback(record)`` after every iteration: a dict with ``iteration``, ``seconds``,
         ``mode``, ``center_shift`` and ``inertia`` (Lloyd passes) or ``changed`` (rows reassigned,
-        bounds passes).
+        bounds steps; the pass that builds the bounds has neither).
     algorithm : {"auto", "elkan", "lloyd"}, default "auto"
         "lloyd" computes every row's distance to every center in each iteration. "elkan" gives the
         same assignments with far fewer distance computations: each row keeps bounds on its

@@ -77,9 +77,11 @@ class LoopState:
         if not self.cargs:
             record["inertia"] = float(stats["inertia"])
             what = f"inertia {stats['inertia']:.6g}"
-        else:  # a first bounds pass counts every row
+        elif stats["changed"] >= self.n:  # the pass that built the bounds: no earlier labels to compare with
+            what = "bounds built"
+        else:
             record["changed"] = int(stats["changed"])
-            what = "bounds built" if stats["changed"] >= self.n else f"{stats['changed']} rows reassigned"
+            what = f"{stats['changed']} rows reassigned"
         record["line"] = (f"iteration {self.n_iter}: {self.times[-1] * 1e3:.1f} ms, {what}, "
                           f"center shift {shift:.3g}")
         return shift <= self.tol, record
