@@ -20,44 +20,34 @@ def weighted_kmeanspp(points: np.ndarray, weights: np.ndarray, k: int, rng: np.r
     :func:`sparse_kmeanspp`)."""
     if is_sparse(points):
         return sparse_kmeanspp(points, weights, k, rng)
-    n = points.shape[0]
-    trials = 2 + int(np.log(k))
-    p = weights / weights.sum()
-    centers = np.empty((k, points.shape[1]), points.dtype)
-    first = rng.choice(n, p=p)
-    centers[0] = points[first]
-    d2 = ((points - centers[0]) ** 2).sum(1)
-    for c in range(1, k):
-        pot = weights * d2
-        tot = pot.sum()
-        if tot <= 0:
-            cand = rng.choice(n, size=trials)
-        else:
-            cand = np.searchsorted(np.cumsum(pot), rng.random(trials) * tot)
-            cand = np.minimum(cand, n - 1)
-        cd = ((points[None, :, :] - points[cand][:, None, :]) ** 2).sum(-1)
-        cd = np.minimum(cd, d2[None, :])
-        best = int(np.argmin((cd * weights[None, :]).sum(1)))
-        centers[c] = points[cand[best]]
-        d2 = cd[best]
-    return centers
+
+    def sqdist(idx: np.ndarray) -> np.ndarray:  # (len(idx), n)
+        return ((points[None, :, :] - points[idx][:, None, :]) ** 2).sum(-1)
+
+    return points[_kmeanspp_draws(points.shape[0], sqdist, weights, k, rng)]
 
 
 def sparse_kmeanspp(points: Any, weights: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
     """:func:`weighted_kmeanspp` on the rows of a host SciPy CSR matrix, kept sparse (squared distances
     ``|p|^2 - 2 p.q + |q|^2`` from sparse products, O(nnz) memory besides ``trials x rows``): the same
     draws from the same generator; the dense ``(k, n_features)`` centers."""
-    n = points.shape[0]
     points = points.astype(np.float64)
     norms = np.asarray(points.multiply(points).sum(axis=1)).ravel()
-    trials = 2 + int(np.log(k))
 
     def sqdist(idx: np.ndarray) -> np.ndarray:  # (len(idx), n)
         cross = (points[idx] @ points.T).toarray()
         return np.maximum(norms[idx][:, None] - 2 * cross + norms[None, :], 0.0)
 
+    return points[_kmeanspp_draws(points.shape[0], sqdist, weights, k, rng)].toarray()
+
+
+def _kmeanspp_draws(n: int, sqdist: Any, weights: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """The rows greedy k-means++ picks among ``n`` weighted rows; ``sqdist(idx)`` gives the squared
+    distances of rows ``idx`` to every row, ``(len(idx), n)``. Each new center is the best of
+    ``2 + log k`` candidates drawn in proportion to weight x squared distance to the nearest center."""
+    trials = 2 + int(np.log(k))
     first = rng.choice(n, p=weights / weights.sum())
-    chosen = [first]
+    chosen = [int(first)]
     d2 = sqdist(np.array([first]))[0]
     for _ in range(1, k):
         pot = weights * d2
@@ -70,7 +60,7 @@ def sparse_kmeanspp(points: Any, weights: np.ndarray, k: int, rng: np.random.Gen
         best = int(np.argmin((cd * weights[None, :]).sum(1)))
         chosen.append(int(cand[best]))
         d2 = cd[best]
-    return points[np.asarray(chosen)].toarray()
+    return np.asarray(chosen)
 
 
 def choice(rng: np.random.Generator, n: int, size: int, p: np.ndarray | None) -> np.ndarray:
