@@ -24,7 +24,8 @@ class ReusePolicy:
     """LRU by bytes plus idle ageing, over submissions.
 
     Events in: :meth:`add` (a result was computed), :meth:`hit` (a result was reused),
-    :meth:`set_nbytes` (its size became known), :meth:`drop` (it was lost). Decision out:
+    :meth:`touch` (a result behind a reused one), :meth:`set_nbytes` (its size became known),
+    :meth:`drop` (it was lost). Decision out:
     :meth:`evictions` lists the fingerprints to release. An entry not used during the last
     ``max_idle`` submissions is released (results of the changing part of a loop are never reused
     and must not pile up); beyond that, least recently used entries go until the cache holds at
@@ -71,6 +72,13 @@ class ReusePolicy:
         e.hits += 1
         self.entries.move_to_end(fp)
         return e
+
+    def touch(self, fp: Hashable, now: int) -> None:
+        """A result that fed one reused in submission ``now`` (not read itself): not idle, but no
+        hit and no younger in the LRU order."""
+        e = self.entries.get(fp)
+        if e is not None:
+            e.last_used = max(e.last_used, now)
 
     def set_nbytes(self, fp: Hashable, nbytes: int) -> None:
         if fp in self.entries:

@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping, Sequence
 import dask
 import dask.array as da
 import numpy as np
-from dask._task_spec import convert_legacy_task
+from dask._task_spec import GraphNode, convert_legacy_task
 from dask.array.dispatch import concatenate_lookup
 from dask.base import DaskMethodsMixin, tokenize
 from dask.core import flatten
@@ -315,10 +315,13 @@ class GDataSet(DaskMethodsMixin):
                 layer[key] = Task(key, _blocks.to_device, new[i])
             else:  # same task under the new key: same fingerprint, so reusable
                 node = old[(self.name, i)]
+                task = None if isinstance(node, TaskRef) else _as_task(node)
                 if isinstance(node, TaskRef):  # a persisted block (a Future): point at it
                     layer[key] = Alias(key, node.key)
-                else:
-                    layer[key] = _as_task(node).substitute({}, key=key)
+                elif isinstance(task, GraphNode):
+                    layer[key] = task.substitute({}, key=key)
+                else:  # the block itself (persisted inside gdask.incremental: its graph holds the data)
+                    layer[key] = DataNode(key, task)
         graph = HighLevelGraph.from_collections(name, device_layer(layer, "update"), dependencies=[self])
         out = GDataSet(graph, name, self.row_blocks, self.ncols, self.dtype, self.backend, self.columns,
                        input_type=self.input_type)

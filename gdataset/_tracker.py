@@ -95,14 +95,22 @@ class ExecutionLog:
 
 
 # -- fingerprints --------------------------------------------------------------------------------
+def _external(key: Any) -> str:
+    """The fingerprint of a key outside the graph (a held result: persisted, scattered): its name."""
+    return tokenize("ext", str(key))
+
+
 def _arg_token(a: Any, fps: dict) -> Any:
+    # a reference is its target's fingerprint, whether the target is in the graph or held outside it:
+    # a task reading a persisted block directly and one reading it through an Alias (a new version
+    # of the dataset, update_blocks) are the same work
     if isinstance(a, TaskRef):  # also distributed.Future: an external key (scattered / held)
         k = a.key
-        return ("ref", fps[k]) if k in fps else ("ext", str(k))
+        return ("ref", fps[k] if k in fps else _external(k))
     if isinstance(a, DataNode):
         return ("data", tokenize(a.value))
     if isinstance(a, Alias):
-        return ("ref", fps.get(a.target, ("ext", str(a.target))))
+        return ("ref", fps[a.target] if a.target in fps else _external(a.target))
     if isinstance(a, Task):
         return (tokenize(a.func), tuple(_arg_token(x, fps) for x in a.args),
                 tuple(sorted((k, _arg_token(v, fps)) for k, v in a.kwargs.items())))
@@ -121,7 +129,7 @@ def fingerprint(node: Any, fps: dict) -> str:
     """
     if isinstance(node, Alias):
         t = node.target
-        return fps[t] if t in fps else tokenize("ext", str(t))
+        return fps[t] if t in fps else _external(t)
     return tokenize(_arg_token(node, fps))
 
 
@@ -321,6 +329,16 @@ class GTracker:
         bytes_reused = 0
         for k, fp in reused.items():
             bytes_reused += self.policy.hit(fp, now).nbytes
+        # the cached results behind a reused one stay with it: the same graph computed again reuses
+        # only its top, but a new version of one block needs the other blocks' results below it
+        behind, stack = set(), [d for k in reused for d in graph[k].dependencies]
+        while stack:
+            k = stack.pop()
+            if k in behind or k not in graph:
+                continue
+            behind.add(k)
+            self.policy.touch(fps[k], now)
+            stack.extend(graph[k].dependencies)
         run_keys = list(run)
         futures = self.client.get(_user_tasks_on_devices(run), run_keys, sync=False, **kwargs) if run else []
         by_key = dict(zip(run_keys, futures))
