@@ -35,6 +35,7 @@ import numpy as np
 from gdask import config
 from gdask.devices import array_namespace, asarray_like, astype, is_sparse, numpy_dtype, sparse_all_finite, to_numpy
 from gdask.gdataset import DeviceShare, GDataSet, device_share, from_array, from_dask_array, from_dataframe
+from gdask.gdataset.engine import Interrupts
 
 __all__ = [
     "JOB_PARAMETERS", "OUTPUT_TYPES", "OUTPUT_TYPE_PARAMETER", "DeviceEstimatorMixin", "Input", "InputKind",
@@ -256,11 +257,12 @@ def task_scope() -> Iterator[None]:
 
 
 def in_task_scope(method: F) -> F:
-    """Run an estimator method in :func:`task_scope`."""
+    """Run an estimator method in :func:`task_scope`, a Ctrl-C during it never lost (see
+    :class:`~gdask.gdataset.engine.Interrupts`)."""
 
     @functools.wraps(method)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with task_scope():
+        with Interrupts(), task_scope():
             return method(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]

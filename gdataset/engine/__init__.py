@@ -34,7 +34,9 @@ the loop on the workers fails (a worker lost, busy or failing): the engine then 
 from the client, from that state, not from the start. Per-worker state of a fit (K-means bounds)
 lives in the workers' state spaces under the fit's token (:func:`gdask.devices.worker_state`) and is
 dropped at the end. The durations of the passes on the workers are reported to the placement plugin
-(device speeds, rebalancing), as the tasks of the client loop report themselves.
+(device speeds, rebalancing), as the tasks of the client loop report themselves. A Ctrl-C ends the
+fit: Python drops the exception of a signal that arrives while a finaliser runs, so the engine notes
+the signal and raises at the next checkpoint if its own exception was lost.
 
 The package, by process role:
 
@@ -45,14 +47,16 @@ The package, by process role:
 * ``_client``: the client side (the client and stream contexts, starting a loop on the workers and
   relaying its checkpoints, dropping the fit's state);
 * ``_worker``: a rank's task on a worker (its context, its checkpoint, blocks read from its store);
-* ``_local``: the no-Client mode.
+* ``_local``: the no-Client mode;
+* ``_interrupt``: a Ctrl-C during a fit is never lost (:class:`Interrupts`).
 """
 
 from __future__ import annotations
 
 from gdask.gdataset.engine._api import MODES, Blocks, EngineResult, IterativeAlgorithm, LoopContext
 from gdask.gdataset.engine._client import device_memories, exceeds_devices
+from gdask.gdataset.engine._interrupt import Interrupts
 from gdask.gdataset.engine._run import run_loop
 
-__all__ = ["Blocks", "EngineResult", "IterativeAlgorithm", "LoopContext", "MODES", "device_memories", "exceeds_devices",
-           "run_loop"]
+__all__ = ["Blocks", "EngineResult", "Interrupts", "IterativeAlgorithm", "LoopContext", "MODES", "device_memories",
+           "exceeds_devices", "run_loop"]

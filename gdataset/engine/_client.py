@@ -260,10 +260,15 @@ def run_workers_loop(algorithm: IterativeAlgorithm, datasets: dict, groups: list
     tasks = [(algorithm, _worker.RankTask(mine[a], names, nblocks, token, start.iteration, start.state, topic, lazy))
              for a in peers]
     events = CheckpointEvents(client, topic, records)
+
+    def on_poll() -> None:
+        events.drain()
+        records.poll()
+
     try:
         try:
             results = run_on_workers(client, _worker.driver_on_worker, peers, tasks, name=algorithm.name,
-                                     on_poll=events.drain, same_results=True)
+                                     on_poll=on_poll, same_results=True)
         except CollectiveError:
             # where the fit resumes: the checkpoints the events brought, and the newest one the
             # survivors kept (the failure may overtake their last events on the way here)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gdask.gdataset._progress import Progress
+from gdask.gdataset.engine._interrupt import Interrupts
 
 __all__ = ["Records", "Resume"]
 
@@ -38,17 +39,25 @@ class Records:
     state : any
         The driver's initial state (where the fit resumes before any checkpoint).
     progress : Progress
+    interrupts : Interrupts, optional
+        Checked at every checkpoint: a Ctrl-C whose exception was lost ends the fit there.
     """
 
-    def __init__(self, state: Any, progress: Progress) -> None:
+    def __init__(self, state: Any, progress: Progress, interrupts: Interrupts | None = None) -> None:
         self.resume = Resume(0, state)
         self.history: list[dict] = []
         self.progress = progress
+        self.interrupts = interrupts if interrupts is not None else Interrupts()
 
     def __call__(self, state: Any, record: dict) -> None:
         self.resume = Resume(record["iteration"], state)
         self.history.append(record)
         self.progress.update(record)
+        self.interrupts.check()
+
+    def poll(self) -> None:
+        """Between checkpoints (while the fit waits for its workers): a lost Ctrl-C ends it here."""
+        self.interrupts.check()
 
     def newer(self, iteration: int, state: Any, record: dict) -> None:
         """A checkpoint that came back from the workers (as an event, or asked from a survivor):

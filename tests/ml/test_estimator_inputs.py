@@ -81,13 +81,24 @@ def test_ctrl_c_during_a_fit_interrupts_it(tmp_path):
                 G = gdask.from_array(X, block_rows=12_500).persist()
                 fit = lambda: gdask.ml.KMeans(8, init=X[:8], max_iter=400, tol=0, algorithm="lloyd").fit(G)
                 gdask.ml.KMeans(8, init=X[:8], max_iter=2, tol=0).fit(G)  # compile the kernels
-                for worker_loop, delay in ((True, 0.3), (False, 0.5), (True, 1.0), (False, 0.2)):
+                # interrupt at a fraction of the whole fit's time here, so it is always under way
+                # (the fit ends by strict convergence, at the same iteration on any machine)
+                whole = {True: [], False: []}
+                for worker_loop in (True, True, False):
                     with dask.config.set({"gdask.ml.worker-loop": worker_loop}):
-                        threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT)).start()
+                        t0 = time.monotonic()
+                        fit()
+                        whole[worker_loop].append(time.monotonic() - t0)
+                for worker_loop, fraction in ((True, 0.2), (False, 0.1), (True, 0.4), (False, 0.04)):
+                    delay = fraction * min(whole[worker_loop])
+                    with dask.config.set({"gdask.ml.worker-loop": worker_loop}):
+                        timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT))
+                        timer.start()
                         t0 = time.monotonic()
                         try:
                             fit()
-                            print("IGNORED", worker_loop, delay, flush=True)
+                            timer.cancel()
+                            print("IGNORED", worker_loop, round(delay, 2), round(time.monotonic() - t0, 2), flush=True)
                         except KeyboardInterrupt:
                             print("INTERRUPTED", round(time.monotonic() - t0 - delay, 2), flush=True)
                     time.sleep(0.3)
