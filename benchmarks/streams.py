@@ -143,16 +143,28 @@ def run(args) -> dict:
                             backend=args.backend, pure=False)
         client.gather(client.map(kernel, blocks, pure=False))  # warm-up (allocations, kernels)
 
+        def rounds_done(dask_worker):
+            return stream_executor(dask_worker).rounds
+
         def phase(configure, rounds):
-            n0 = client.run(lambda dask_worker: len(stream_executor(dask_worker).trace))
-            (n0,) = n0.values()
+            """Tasks in batches of a round until the executor closed ``rounds`` rounds (a round
+            closes on its task count and a least busy time, so a round may take more than one
+            batch on a fast or loaded machine): its trace of those rounds, wall tasks/s."""
+            (r0,) = client.run(rounds_done).values()
             client.run(configure)
-            n = rounds * rt
-            t = time.perf_counter()
-            client.gather(client.map(kernel, [blocks[i % len(blocks)] for i in range(n)], pure=False))
+            n, t = 0, time.perf_counter()
+            while True:
+                client.gather(client.map(kernel, [blocks[i % len(blocks)] for i in range(n, n + rt)], pure=False))
+                n += rt
+                (r1,) = client.run(rounds_done).values()
+                if r1 - r0 >= rounds:
+                    break
+                if time.perf_counter() - t > args.phase_timeout:
+                    raise TimeoutError(f"{r1 - r0} of {rounds} feedback rounds closed in {args.phase_timeout:g} s "
+                                       f"({n} tasks; --phase-timeout)")
             wall = time.perf_counter() - t
-            (trace,) = client.run(lambda dask_worker: list(stream_executor(dask_worker).trace)[n0:]).values()
-            return trace, n / wall
+            (trace,) = client.run(lambda dask_worker: list(stream_executor(dask_worker).trace)).values()
+            return trace[len(trace) - (r1 - r0):], n / wall
 
         static = {}
         for k in range(1, mx + 1):
@@ -226,6 +238,8 @@ def main(argv=None) -> int:
     p.add_argument("--work-ms", type=float, default=10.0, help="contended: device work per kernel")
     p.add_argument("--fill", type=float, default=1 / 3, help="contended: device share one kernel uses")
     p.add_argument("--contention", type=float, default=0.04, help="contended: loss per extra kernel")
+    p.add_argument("--phase-timeout", type=float, default=300.0,
+                   help="seconds a phase may take to close its feedback rounds")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args(argv)
     defaults = {"cuda": (4096, 256), "numpy": (1_000_000, 4), "contended": (4096, 8)}
