@@ -41,7 +41,6 @@ from gdask.gdataset._share import DeviceShare, device_share
 from gdask.gdataset.collective import CollectiveError
 from gdask.gdataset.engine._api import MODES, EngineResult, IterativeAlgorithm
 from gdask.gdataset.engine._client import ClientContext, drop_state, run_workers_loop, survey
-from gdask.gdataset.engine._interrupt import Interrupts
 from gdask.gdataset.engine._local import run_here
 from gdask.gdataset.engine._plan import Plan, plan
 from gdask.gdataset.engine._records import Records
@@ -243,7 +242,7 @@ def run_loop(algorithm: IterativeAlgorithm, data: dict[str, GDataSet | None], st
     """
     datasets = _checked(algorithm, data, mode)
     client = client if client is not None else default_client_or_none()
-    records = Records(state, progress or Progress(verbose=0), Interrupts())
+    records = Records(state, progress or Progress(verbose=0))
     token = uuid.uuid4().hex
     try:
         with records.interrupts, device_share(share):
