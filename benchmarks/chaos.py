@@ -24,6 +24,11 @@ Four parts, each on its own LocalGPUCluster of emulated devices:
   after each, the RSS of this process (client and scheduler) and of each worker. Printed: memory
   after the first 10 fits and at the end, and the growth per fit (least squares over the fits after
   the 10th). It passes when no process grows by more than ``--soak-limit`` KiB per fit.
+  distributed keeps bounded histories of its own that a soak of minutes is still filling: the last
+  ``distributed.admin.low-level-log-length`` (1000) messages of every stream and transitions of
+  every process, and a worker's profile of every second for an hour. They are the same with or
+  without gdask, so the soak shortens the logs to ``--soak-log-length`` (default 20) and turns the
+  workers' profiler off, and measures what gdask keeps (``--soak-log-length 1000`` measures both).
 
 A run that does not end within ``--hang-timeout`` seconds is a hang. Printed: one table with, per
 scenario, runs, survived (no error), wrong results, hangs, worker restarts (killed workers back
@@ -523,8 +528,12 @@ def _rss(dask_worker=None) -> int:
     return psutil.Process().memory_info().rss
 
 
+PROFILE = "distributed.worker.profile.enabled"
+
+
 def soak_part(args, rows: dict, log: list) -> None:
     """``--soak`` fits on one cluster; the memory of each process after each fit (see the docstring)."""
+    import dask
     from distributed import Client
 
     import gdask
@@ -534,8 +543,10 @@ def soak_part(args, rows: dict, log: list) -> None:
     n = 40_000 if args.quick else 120_000
     X = rng.standard_normal((n, 8)).astype(np.float32)
     y = (X @ rng.standard_normal(8) > 0).astype(np.int64)
-    with gdask.LocalGPUCluster(n_devices=2, backend="emulated", device_memory="512MiB",
-                               dashboard_address=":0") as cluster, Client(cluster) as client:
+    histories = {"distributed.admin.low-level-log-length": args.soak_log_length, PROFILE: args.soak_log_length >= 1000}
+    with dask.config.set(histories), gdask.LocalGPUCluster(
+            n_devices=2, backend="emulated", device_memory="512MiB", dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
         G, Y = gdask.from_array(X, block_rows=n // 8).persist(), gdask.from_array(y, block_rows=n // 8).persist()
         series: dict[str, list[int]] = defaultdict(list)
         t0 = time.perf_counter()
@@ -556,10 +567,11 @@ def soak_part(args, rows: dict, log: list) -> None:
         xs = np.arange(start, len(values))
         slope = float(np.polyfit(xs, np.asarray(values[start:], float), 1)[0]) if len(xs) > 1 else 0.0
         table.append({"process": proc, "after_first": values[start - 1], "end": values[-1], "per_fit": slope})
-    rows["soak"] = {"fits": args.soak, "seconds": seconds, "table": table,
+    rows["soak"] = {"fits": args.soak, "seconds": seconds, "table": table, "log_length": args.soak_log_length,
                     "flat": all(r["per_fit"] <= args.soak_limit * 1024 for r in table)}
     log.append({"part": "soak", **rows["soak"]})
-    print(f"  {args.soak} fits (KMeans and LogisticRegression alternating) in {seconds:.0f} s")
+    print(f"  {args.soak} fits (KMeans and LogisticRegression alternating) in {seconds:.0f} s; distributed's "
+          f"low-level logs {args.soak_log_length} long, workers' profiler {'on' if histories[PROFILE] else 'off'}")
     print(f"  {'process':20} {f'after {start} fits':>14} {'at the end':>12} {'growth per fit':>15}")
     for r in table:
         print(f"  {r['process']:20} {r['after_first'] / MiB:>10.1f} MiB {r['end'] / MiB:>8.1f} MiB "
@@ -602,6 +614,9 @@ def main(argv=None) -> int:
     p.add_argument("--hang-timeout", type=float, default=300.0, help="seconds after which a run counts as hung")
     p.add_argument("--soak", type=int, default=None, help="fits of the soak part (default 60; 20 with --quick)")
     p.add_argument("--soak-limit", type=float, default=64.0, help="KiB per fit a process may grow in the soak")
+    p.add_argument("--soak-log-length", type=int, default=20,
+                   help="distributed's low-level log length in the soak (1000, its default, also keeps the workers' "
+                        "profiler on: then the soak measures distributed's own histories filling up too)")
     p.add_argument("--skip", nargs="*", default=[], choices=["kill", "pressure", "jobs", "soak"])
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)

@@ -230,17 +230,34 @@ def _rank_blocks(datasets: dict, groups: list[list[int]], workers: dict[int, str
         for n in names:
             places = None if datasets[n] is None else block_places(datasets[n], client, wait_ready=True)
             held[n] = places.workers if places is not None else {}
+    # a persisted dataset's blocks go as their futures (the tasks are then submitted as they are, with no
+    # graph to build and optimise); others as dask.delayed blocks, computed for the task
+    persisted = {n: _futures_by_key(datasets[n]) for n in names if datasets[n] is not None}
     mine: dict[str, list] = {a: [] for a in sorted({workers[g[0]] for g in groups})}
     for g in groups:
         addr = workers[g[0]]
         for b in g:
             handles = [None if datasets[n] is None
                        else _worker.StoreKey((datasets[n].name, b)) if lazy and held[n].get(b) == addr
-                       else datasets[n].block(b) for n in names]
+                       else _block_handle(datasets[n], b, persisted[n]) for n in names]
             mine[addr].append((b, handles))
     for blocks in mine.values():
         blocks.sort(key=lambda p: p[0])
     return mine
+
+
+def _futures_by_key(ds: GDataSet) -> dict | None:
+    futures = persisted_futures(ds)
+    return None if futures is None else {f.key: f for f in futures}
+
+
+def _block_handle(ds: GDataSet, b: int, futures: dict | None) -> Any:
+    """Block ``b`` of ``ds`` for a rank's task: its future when ``ds`` is persisted, else dask.delayed."""
+    if futures is not None:
+        f = futures.get((ds.name, b))
+        if f is not None:
+            return f
+    return ds.block(b)
 
 
 def run_workers_loop(algorithm: IterativeAlgorithm, datasets: dict, groups: list[list[int]],
@@ -257,8 +274,9 @@ def run_workers_loop(algorithm: IterativeAlgorithm, datasets: dict, groups: list
     ensure_plugins(client, extra=(LoopEvents(),), standard=False)
     topic = loop_topic(token)
     start = records.resume
-    tasks = [(algorithm, _worker.RankTask(mine[a], names, nblocks, token, start.iteration, start.state, topic, lazy))
-             for a in peers]
+    every = float(config.get("engine.checkpoint-interval", 1.0))
+    tasks = [(algorithm, _worker.RankTask(names, nblocks, token, start.iteration, start.state, topic, lazy,
+                                          state_every=every), mine[a]) for a in peers]
     events = CheckpointEvents(client, topic, records)
 
     def on_poll() -> None:
@@ -298,8 +316,8 @@ def _newest_checkpoint(client: Any, token: str, records: Records) -> None:
         return
     best = max((pickle.loads(v) for v in found.values() if isinstance(v, bytes)), key=lambda c: c[0], default=None)
     if best is not None and best[0] > records.resume.iteration:
-        records.fill(best[0] - 1, best[1])  # iterations whose records were lost with a worker
-        records(best[1], best[2])
+        records.fill_history(best[0] - 1)  # iterations whose records were lost with a worker
+        records.newer(*best)
 
 
 # -- after the loop -------------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""The checkpoint events of a loop on the workers: rank 0 sends one per iteration on the fit's topic,
-the client hands them to the fit's records; the scheduler forwards them and keeps none.
+"""The checkpoint events of a loop on the workers: rank 0 sends one per iteration on the fit's topic
+(the iteration's record; its state too once per ``gdask.engine.checkpoint-interval``), the client
+hands them to the fit's records; the scheduler forwards them and keeps none.
 
 A scheduler stores every event of every topic (for ``Client.get_events``) and never drops a topic,
-so a fit's checkpoints (tens of KB each, one per iteration) would stay in the scheduler's memory for
+so a fit's checkpoints (a state can take tens of KB) would stay in the scheduler's memory for
 its life. :class:`LoopEvents`, a scheduler plugin the engine installs where missing, drops each
 checkpoint once the scheduler has sent it to the topic's subscribers, and the topic itself when the
 fit ends (the client says so) or when nobody subscribes to it any more (its client left).
@@ -73,7 +74,12 @@ class _Inbox:
     def __call__(self, event: Any) -> None:
         q = self.queue
         if q is not None:
-            q.put(pickle.loads(event[1]["checkpoint"]))
+            msg = event[1]
+            if "checkpoint" in msg:  # (iteration, state, record)
+                q.put(pickle.loads(msg["checkpoint"]))
+            else:  # a record without its state
+                it, rec = pickle.loads(msg["progress"])
+                q.put((it, None, rec))
 
     def get(self) -> Any:
         if self.queue is None:

@@ -101,7 +101,7 @@ class WorkersContext(LoopContext):
     mode = "workers"
 
     def __init__(self, comm: Any, owned: list, names: Sequence[str], nblocks: int, token: str, iteration: int,
-                 topic: str | None, streaming: bool = False) -> None:
+                 topic: str | None, streaming: bool = False, state_every: float = 0.0) -> None:
         super().__init__(names, nblocks, token, iteration)
         self.comm = comm
         self.owned = owned
@@ -111,6 +111,8 @@ class WorkersContext(LoopContext):
         self.topic = topic
         self.observed: list[tuple[str, int, float]] = []
         self._t0 = time.perf_counter()
+        self.state_every = float(state_every)
+        self._state_sent = self._t0
 
     def local(self) -> list[tuple[int, dict[str, Any]]]:
         """This worker's blocks: ``[(block index, {dataset name: block array})]``, in block order.
@@ -188,24 +190,28 @@ class WorkersContext(LoopContext):
         self._t0 = now
         # every rank keeps its last checkpoint in its worker's state of this loop: when a worker dies, the
         # client asks the survivors for it, which does not depend on when events arrive. Rank 0 alone sends
-        # it as an event (progress, records; the others' would be duplicates the client drops: one event
-        # per iteration, not one per rank). Events must be msgpack-able: the state is pickled
+        # events (progress, records; the others' would be duplicates the client drops): the record every
+        # iteration, the state with it only every ``state_every`` seconds (where the fit resumes should every
+        # worker be lost). distributed keeps the last messages of every stream (its low-level log), so a
+        # state per iteration would stay in memory many times over. Events must be msgpack-able: pickled
         payload = pickle.dumps((self.iteration, state, rec), protocol=5)
         checkpoint_space(self.comm.worker, self.token)[_CHECKPOINT] = payload
         if self.topic and self.rank == 0:
-            self.comm.worker.log_event(self.topic, {"checkpoint": payload})
+            if now - self._state_sent >= self.state_every:
+                self._state_sent = now
+                self.comm.worker.log_event(self.topic, {"checkpoint": payload})
+            else:
+                self.comm.worker.log_event(self.topic, {"progress": pickle.dumps((self.iteration, rec), protocol=5)})
 
 
 # -- the task of one rank ------------------------------------------------------------------------------------
 @dataclass
 class RankTask:
-    """What one rank's task of a loop on the workers gets.
+    """What one rank's task of a loop on the workers gets, besides its blocks (see
+    :func:`driver_on_worker`).
 
     Attributes
     ----------
-    mine : list
-        ``[(block, [block by dataset name])]`` of this rank, in block order; with ``lazy``, the
-        blocks of this rank's worker are :class:`StoreKey` s (read from its store on use).
     names : list of str
         The datasets' names, in the order of each block's list.
     nblocks : int
@@ -219,9 +225,11 @@ class RankTask:
         Where rank 0 sends its checkpoints as events.
     lazy : bool
         Data larger than the devices: blocks are read from the worker's store on use.
+    state_every : float
+        Seconds between the states rank 0 sends with its records (config
+        ``gdask.engine.checkpoint-interval``); every iteration's state stays on each rank's worker.
     """
 
-    mine: list
     names: list[str]
     nblocks: int
     token: str
@@ -229,6 +237,7 @@ class RankTask:
     state: Any
     topic: str | None
     lazy: bool = False
+    state_every: float = 0.0
 
 
 @dataclass
@@ -244,15 +253,18 @@ class RankResult:
     iteration: int
 
 
-def driver_on_worker(comm: Any, algorithm: IterativeAlgorithm, task: RankTask) -> RankResult:
+def driver_on_worker(comm: Any, algorithm: IterativeAlgorithm, task: RankTask, mine: list) -> RankResult:
     """One worker's task of the loop on the workers: the driver over this rank's blocks from the
-    task's checkpoint, then the algorithm's final pass over them."""
+    task's checkpoint, then the algorithm's final pass over them. ``mine``: ``[(block, [block by
+    dataset name])]`` of this rank, in block order (a plain list: the task's futures in it arrive as
+    their blocks); with ``task.lazy``, the blocks of this rank's worker are :class:`StoreKey` s
+    (read from its store on use)."""
     if task.lazy:
-        owned = [(b, StoreBlocks(comm.worker, dict(zip(task.names, handles)))) for b, handles in task.mine]
+        owned = [(b, StoreBlocks(comm.worker, dict(zip(task.names, handles)))) for b, handles in mine]
     else:
-        owned = [(b, dict(zip(task.names, arrays))) for b, arrays in task.mine]
+        owned = [(b, dict(zip(task.names, arrays))) for b, arrays in mine]
     ctx = WorkersContext(comm, owned, task.names, task.nblocks, task.token, task.iteration, task.topic,
-                         streaming=task.lazy)
+                         streaming=task.lazy, state_every=task.state_every)
     try:
         state = algorithm.run(task.state, ctx)
     except CollectiveError:

@@ -15,6 +15,7 @@ import sys
 import textwrap
 import time
 
+import dask
 import numpy as np
 import pytest
 
@@ -65,6 +66,49 @@ def test_fits_on_the_workers_leave_no_topic_or_event_on_the_scheduler(client):
         time.sleep(0.05)  # the client tells the scheduler without waiting
     assert client.run_on_scheduler(_topic_names) == []
     assert client.run_on_scheduler(_loop_topics) == {}
+
+
+def _loop_events_sent(dask_worker=None) -> dict[str, list[str]]:
+    """(on a worker) per loop topic, the kinds of events ("checkpoint": with the state, "progress": the
+    record only) in the messages distributed keeps of this worker's stream to the scheduler."""
+    out: dict[str, list[str]] = {}
+    for payload in list(dask_worker.batched_stream.recent_message_log):
+        for msg in payload if isinstance(payload, list) else ():
+            topic = msg.get("topic") if isinstance(msg, dict) and msg.get("op") == "log-event" else None
+            if isinstance(topic, str) and topic.startswith(PREFIX):
+                out.setdefault(topic, []).extend(k for k in ("checkpoint", "progress") if k in msg["msg"])
+    return out
+
+
+def _new_loop_events(client, seen: set[str]) -> dict[str, list[str]]:
+    deadline = time.monotonic() + 10
+    while True:  # a message enters the log once written, which may be a moment after the fit returned
+        found = {t: kinds for w in client.run(_loop_events_sent).values() for t, kinds in w.items() if t not in seen}
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+def test_a_loop_sends_its_state_once_per_checkpoint_interval(client):
+    """distributed keeps the last messages of every stream: a state sent every iteration (tens of KB for
+    K-means' center history) stayed in the worker's and the scheduler's memory up to a thousand times.
+    The records come every iteration, the state once per ``gdask.engine.checkpoint-interval``."""
+    X = np.random.default_rng(1).random((40_000, 8), dtype=np.float32)
+    G = gdask.from_array(X, block_rows=5_000).persist()
+    seen = set(_new_loop_events(client, set()))
+    fits = {}
+    for every in (3600, 0):
+        with dask.config.set({"gdask.engine.checkpoint-interval": every}):
+            km = gdask.ml.KMeans(4, init=X[:4], max_iter=20, tol=0).fit(G)
+        assert km.fit_mode_ == "workers" and [r["iteration"] for r in km.history_] == list(range(1, 21))
+        assert all("center_shift" in r for r in km.history_)  # the records came back, not filled in
+        new = _new_loop_events(client, seen)
+        assert len(new) == 1, new
+        seen |= set(new)
+        fits[every] = next(iter(new.values()))
+        np.testing.assert_array_equal(km.cluster_centers_, fits.setdefault("centers", km.cluster_centers_))
+    assert fits[3600] == ["progress"] * 20
+    assert fits[0] == ["checkpoint"] * 20
 
 
 VICTIM = textwrap.dedent("""

@@ -68,6 +68,27 @@ def test_records_keep_every_iteration_once_in_order():
     assert records.resume == _records.Resume(3, "s3")
 
 
+def test_records_without_states_move_progress_not_the_resume_point():
+    got = []
+    records = _records.Records("s0", Progress(callback=got.append))
+    records.newer(1, "s1", {"iteration": 1, "loss": 1.0})
+    records.newer(2, None, {"iteration": 2, "loss": 0.5})  # a record whose state stayed on the workers
+    records.newer(3, None, {"iteration": 3, "loss": 0.25})
+    assert [r["iteration"] for r in got] == [1, 2, 3]
+    assert records.resume == _records.Resume(1, "s1")  # the newest state the client has
+    records.newer(3, "s3", {"iteration": 3, "loss": 0.25})  # a survivor's state for iteration 3
+    assert records.resume == _records.Resume(3, "s3") and len(records.history) == 3
+    # a loop resumed from an older state repeats iterations already recorded: their records are not repeated
+    records("s2", {"iteration": 2, "loss": 0.5})
+    records("s3", {"iteration": 3, "loss": 0.25})
+    records("s4", {"iteration": 4, "loss": 0.125})
+    assert [r["iteration"] for r in records.history] == [1, 2, 3, 4] == [r["iteration"] for r in got]
+    assert records.resume == _records.Resume(4, "s4")
+    records.fill_history(6)  # records lost with a worker: filled in, the resume point stays
+    assert [r["iteration"] for r in records.history] == [1, 2, 3, 4, 5, 6]
+    assert records.resume == _records.Resume(4, "s4")
+
+
 class _Algo(IterativeAlgorithm):
     name = "algo"
 
