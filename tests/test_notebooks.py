@@ -34,7 +34,7 @@ def _cell(nb, source_start: str):
 
 
 def _check_quickstart(nb):
-    assert "persisted: all 8 blocks" in _text(_cell(nb, "rng = "))  # the repr right after persist()
+    assert "persisted: all 8 blocks" in _text(_cell(nb, "rng = "))  # the repr once the blocks are persisted
     assert "<svg" in _text(_cell(nb, "rng = "))  # the block diagram
     fit = _text(_cell(nb, "km = "))
     assert "KMeans: " in fit and "iterations in" in fit and "'workers'" in fit  # bar + summary in the fit's cell

@@ -101,6 +101,11 @@ class Mailbox:
             _remember(self.cancelled, token, None)
             self.cond.notify_all()
 
+    def running_loop(self, token: str) -> bool:
+        """Whether a rank of loop ``token`` still runs on this worker."""
+        with self.cond:
+            return token in self.running.values()
+
     def finish(self, token: str, rank: int, key: Any = None) -> None:
         with self.cond:
             _remember(self.finished, (token, rank), None)
@@ -212,12 +217,12 @@ class Communicator:
         key = (self.token, step, self.rank)
         with box.cond:
             while True:
+                got = box.box.get(key, {})
+                if len(got) == self.size:  # a step whose values all came is complete, even in a loop stopped
+                    del box.box[key]       # meanwhile (a rank slow to wake checkpoints it; the next step stops)
+                    break
                 if self.token in box.aborted:
                     raise CollectiveError(f"loop stopped: {box.aborted[self.token]}")
-                got = box.box.get(key, {})
-                if len(got) == self.size:
-                    del box.box[key]
-                    break
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     missing = sorted(set(range(self.size)) - set(got))

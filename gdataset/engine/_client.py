@@ -308,9 +308,9 @@ def run_workers_loop(algorithm: IterativeAlgorithm, datasets: dict, groups: list
 def _newest_checkpoint(client: Any, token: str, records: Records) -> None:
     """After a failed loop on the workers: the newest checkpoint any surviving worker kept, recorded
     if the events did not bring it (bounded by config ``gdask.engine.checkpoint-timeout``)."""
-    try:
-        found = run_sync(client, _worker.last_checkpoint, token, on_error="ignore",
-                         timeout=float(config.get("engine.checkpoint-timeout", 10)))
+    limit = float(config.get("engine.checkpoint-timeout", 10))
+    try:  # a stopped rank still running may finish the step it has all values of: waited for, half the limit
+        found = run_sync(client, _worker.last_checkpoint, token, limit / 2, on_error="ignore", timeout=limit)
     except Exception as e:  # noqa: BLE001 - the cluster may be in trouble: resume from what the events brought
         logger.debug("could not ask the workers for their checkpoints of loop %s: %r", token, e)
         return

@@ -11,6 +11,7 @@ failure the client can ask the survivors where the fit got to; rank 0 also sends
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 import time
 from collections.abc import Mapping
@@ -19,6 +20,7 @@ from typing import Any, Sequence
 
 from distributed.comm import get_address_host
 
+from gdask import protocol
 from gdask.devices import context
 from gdask.gdataset import _blocks
 from gdask.gdataset.collective import CollectiveError
@@ -38,9 +40,15 @@ def checkpoint_space(worker: Any, token: str) -> dict:
     return context(worker).state.get(f"{token}-{_CHECKPOINT}")
 
 
-def last_checkpoint(token: str, dask_worker: Any = None) -> bytes | None:
+async def last_checkpoint(token: str, wait: float = 0.0, dask_worker: Any = None) -> bytes | None:
     """(on a worker, through ``client.run``) The last checkpoint a rank of loop ``token`` kept here:
-    ``pickle`` of ``(iteration, state, record)``, or None."""
+    ``pickle`` of ``(iteration, state, record)``, or None. A rank of the loop still running here (a
+    stopped loop's rank slow to wake may still finish a step whose values all came) is waited for, at
+    most ``wait`` seconds."""
+    plugin = dask_worker.plugins.get(protocol.PLUGIN_COLLECTIVE) if dask_worker is not None else None
+    deadline = time.monotonic() + wait
+    while plugin is not None and plugin.mailbox.running_loop(token) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
     space = context(dask_worker).state.get(f"{token}-{_CHECKPOINT}", create=False)
     return None if space is None else space.get(_CHECKPOINT)
 

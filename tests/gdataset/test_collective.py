@@ -87,3 +87,21 @@ def test_several_ranks_in_one_process():
                 assert [[v[1] for v in step] for step in res] == [[0, 1, 2, 3]] * 5
         with pytest.raises(CollectiveError, match="rank failed on purpose"):
             run_on_workers(c, _fail_at, peers, [(2, 1, "raise")] * 4)
+
+
+def test_a_step_whose_values_all_came_completes_in_a_stopped_loop():
+    """A rank slow to wake after the loop was stopped (a peer died after sending its values) still
+    completes the step it has every value of, so it can checkpoint it; the next step stops. Before, it
+    raised at once and the fit resumed an iteration earlier than its survivors could have given."""
+    from types import SimpleNamespace
+
+    from gdask.gdataset.collective._worker import Communicator, Mailbox
+
+    comm = object.__new__(Communicator)
+    comm.token, comm.rank, comm.peers, comm.size, comm.timeout, comm._step = "loop", 0, ["w", "w"], 2, 5.0, 0
+    comm.worker, comm.mailbox = SimpleNamespace(address="w"), Mailbox()
+    comm.mailbox.deliver("loop", 0, 0, 1, "from rank 1")  # rank 1's value of step 0 came, then rank 1 died
+    comm.mailbox.abort("loop", "lost a worker")
+    assert comm.allgather("from rank 0") == ["from rank 0", "from rank 1"]
+    with pytest.raises(CollectiveError, match="lost a worker"):
+        comm.allgather("step 1")
