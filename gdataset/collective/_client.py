@@ -7,15 +7,13 @@ task of the loop was told to stop.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 import uuid
 from typing import Any, Callable, Sequence
 
 import dask
-from dask.base import is_dask_collection
-from distributed import Future, wait
+from distributed import wait
 from distributed.client import FutureCancelledError, FuturesCancelledError
 
 from gdask import config
@@ -52,13 +50,9 @@ def run_on_workers(client: Any, func: Callable[..., Any], peers: Sequence[str], 
     futures = []
     for r, (addr, a) in enumerate(zip(peers, args)):
         key = f"{name}-{token}-{r}"
-        head = (key, token, r, peers, start_timeout, timeout, func)
-        if _submittable(a):  # futures at most, in lists, tuples and dicts: no graph to build and optimise
-            futures.append(client.submit(rank_task, *head, *a, key=key, workers=[addr], allow_other_workers=False,
-                                         pure=False))
-        else:
-            task = dask.delayed(rank_task, pure=False)(*head, *a, dask_key_name=key)
-            futures.append(client.compute(task, workers=[addr], allow_other_workers=False))
+        task = dask.delayed(rank_task, pure=False)(key, token, r, peers, start_timeout, timeout, func, *a,
+                                               dask_key_name=key)
+        futures.append(client.compute(task, workers=[addr], allow_other_workers=False))
     next_check = time.monotonic() + check_workers
     try:
         while True:
@@ -87,23 +81,6 @@ def run_on_workers(client: Any, func: Callable[..., Any], peers: Sequence[str], 
         raise
     finally:
         client.cancel(futures)  # released: a result lost with its worker is not recomputed
-
-
-def _submittable(x: Any, inside: bool = False) -> bool:
-    """Whether ``client.submit`` passes ``x`` as :func:`run_on_workers` promises: no Dask collection in
-    it but futures, and those only in lists, tuples, sets and dicts (``submit`` resolves futures there,
-    not inside other objects: ``inside``); other objects are walked through their dataclass fields."""
-    if isinstance(x, Future):
-        return not inside
-    if is_dask_collection(x):
-        return False
-    if isinstance(x, (list, tuple, set, frozenset)):
-        return all(_submittable(v, inside) for v in x)
-    if isinstance(x, dict):
-        return all(_submittable(v, inside) for v in x.values())
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return all(_submittable(getattr(x, f.name), True) for f in dataclasses.fields(x))
-    return True
 
 
 def _workers(client: Any) -> set[str]:

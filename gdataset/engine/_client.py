@@ -230,34 +230,17 @@ def _rank_blocks(datasets: dict, groups: list[list[int]], workers: dict[int, str
         for n in names:
             places = None if datasets[n] is None else block_places(datasets[n], client, wait_ready=True)
             held[n] = places.workers if places is not None else {}
-    # a persisted dataset's blocks go as their futures (the tasks are then submitted as they are, with no
-    # graph to build and optimise); others as dask.delayed blocks, computed for the task
-    persisted = {n: _futures_by_key(datasets[n]) for n in names if datasets[n] is not None}
     mine: dict[str, list] = {a: [] for a in sorted({workers[g[0]] for g in groups})}
     for g in groups:
         addr = workers[g[0]]
         for b in g:
             handles = [None if datasets[n] is None
                        else _worker.StoreKey((datasets[n].name, b)) if lazy and held[n].get(b) == addr
-                       else _block_handle(datasets[n], b, persisted[n]) for n in names]
+                       else datasets[n].block(b) for n in names]
             mine[addr].append((b, handles))
     for blocks in mine.values():
         blocks.sort(key=lambda p: p[0])
     return mine
-
-
-def _futures_by_key(ds: GDataSet) -> dict | None:
-    futures = persisted_futures(ds)
-    return None if futures is None else {f.key: f for f in futures}
-
-
-def _block_handle(ds: GDataSet, b: int, futures: dict | None) -> Any:
-    """Block ``b`` of ``ds`` for a rank's task: its future when ``ds`` is persisted, else dask.delayed."""
-    if futures is not None:
-        f = futures.get((ds.name, b))
-        if f is not None:
-            return f
-    return ds.block(b)
 
 
 def run_workers_loop(algorithm: IterativeAlgorithm, datasets: dict, groups: list[list[int]],
