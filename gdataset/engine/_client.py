@@ -258,8 +258,8 @@ def run_workers_loop(algorithm: IterativeAlgorithm, datasets: dict, groups: list
     topic = loop_topic(token)
     start = records.resume
     every = float(config.get("engine.checkpoint-interval", 1.0))
-    tasks = [(algorithm, _worker.RankTask(names, nblocks, token, start.iteration, start.state, topic, lazy,
-                                          state_every=every), mine[a]) for a in peers]
+    tasks = [(algorithm, _worker.RankTask(mine[a], names, nblocks, token, start.iteration, start.state, topic, lazy,
+                                          state_every=every)) for a in peers]
     events = CheckpointEvents(client, topic, records)
 
     def on_poll() -> None:

@@ -215,11 +215,13 @@ class WorkersContext(LoopContext):
 # -- the task of one rank ------------------------------------------------------------------------------------
 @dataclass
 class RankTask:
-    """What one rank's task of a loop on the workers gets, besides its blocks (see
-    :func:`driver_on_worker`).
+    """What one rank's task of a loop on the workers gets.
 
     Attributes
     ----------
+    mine : list
+        ``[(block, [block by dataset name])]`` of this rank, in block order; with ``lazy``, the
+        blocks of this rank's worker are :class:`StoreKey` s (read from its store on use).
     names : list of str
         The datasets' names, in the order of each block's list.
     nblocks : int
@@ -238,6 +240,7 @@ class RankTask:
         ``gdask.engine.checkpoint-interval``); every iteration's state stays on each rank's worker.
     """
 
+    mine: list
     names: list[str]
     nblocks: int
     token: str
@@ -261,16 +264,13 @@ class RankResult:
     iteration: int
 
 
-def driver_on_worker(comm: Any, algorithm: IterativeAlgorithm, task: RankTask, mine: list) -> RankResult:
+def driver_on_worker(comm: Any, algorithm: IterativeAlgorithm, task: RankTask) -> RankResult:
     """One worker's task of the loop on the workers: the driver over this rank's blocks from the
-    task's checkpoint, then the algorithm's final pass over them. ``mine``: ``[(block, [block by
-    dataset name])]`` of this rank, in block order (a plain list: the task's futures in it arrive as
-    their blocks); with ``task.lazy``, the blocks of this rank's worker are :class:`StoreKey` s
-    (read from its store on use)."""
+    task's checkpoint, then the algorithm's final pass over them."""
     if task.lazy:
-        owned = [(b, StoreBlocks(comm.worker, dict(zip(task.names, handles)))) for b, handles in mine]
+        owned = [(b, StoreBlocks(comm.worker, dict(zip(task.names, handles)))) for b, handles in task.mine]
     else:
-        owned = [(b, dict(zip(task.names, arrays))) for b, arrays in mine]
+        owned = [(b, dict(zip(task.names, arrays))) for b, arrays in task.mine]
     ctx = WorkersContext(comm, owned, task.names, task.nblocks, task.token, task.iteration, task.topic,
                          streaming=task.lazy, state_every=task.state_every)
     try:
