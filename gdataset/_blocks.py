@@ -208,44 +208,121 @@ def combine_op(combine: Callable[[list], Any], *parts: Any, finalize: tuple | No
     return out
 
 
-@njit(nogil=True, fastmath={"reassoc", "contract"}, cache=True)
-def _moments_rows(xt, mean, m2):  # pragma: no cover - compiled
+#: the column sums behind a block's moments add the rows in at most this many slabs (see :func:`_slab_rows`)
+_SLABS = 64
+
+
+def _slab_rows(n: int) -> int:
+    """Rows per slab of a block of ``n`` rows. A column sum runs in a fixed order that elementwise
+    array-API operations can follow exactly: the slabs of ``c`` rows added one after the other into
+    ``c`` partial sums (the last, shorter slab into the first ones), then those folded in halves, the
+    top half onto the bottom one (a middle row, when odd, waits for the next fold). Every backend
+    (the numba kernel on NumPy blocks, the array namespace on CuPy or strict devices) adds the same
+    numbers in the same order: the same bits. It depends on ``n`` only, never on the backend."""
+    return max(1, -(-n // _SLABS))
+
+
+@njit(nogil=True, cache=True)  # pragma: no cover - compiled; no fast-math: IEEE order, as _xp_column_sums
+def _fold_slabs(acc, c):
+    r = c
+    while r > 1:
+        h = r // 2
+        for i in range(h):
+            acc[i] = acc[i] + acc[r - h + i]
+        r -= h
+    return acc[0]
+
+
+@njit(nogil=True, cache=True)  # pragma: no cover - compiled; no fast-math: the order of _xp_column_sums
+def _slab_sum(r, c, acc, mu, squares):
+    """The sum of ``r`` (float64 of each value, or with ``squares`` of its deviation from ``mu``) in
+    the slab order of :func:`_slab_rows`: full slabs two at a time (the same adds, in the same order,
+    as one at a time), each with a constant trip count so that the adds vectorise over the slab."""
+    n = r.shape[0]
+    for i in range(c):
+        v = np.float64(r[i]) - mu if squares else np.float64(r[i]) + 0.0  # + 0.0: as the array-API path
+        acc[i] = v * v if squares else v
+    s = c
+    while s + 2 * c <= n:
+        s0 = r[s:s + c]
+        s1 = r[s + c:s + 2 * c]
+        if squares:
+            for i in range(c):
+                v0 = np.float64(s0[i]) - mu
+                v1 = np.float64(s1[i]) - mu
+                acc[i] = (acc[i] + v0 * v0) + v1 * v1
+        else:
+            for i in range(c):
+                acc[i] = (acc[i] + np.float64(s0[i])) + np.float64(s1[i])
+        s += 2 * c
+    if s + c <= n:
+        s0 = r[s:s + c]
+        for i in range(c):
+            v = np.float64(s0[i]) - mu if squares else np.float64(s0[i])
+            acc[i] = acc[i] + (v * v if squares else v)
+        s += c
+    rest = r[s:]
+    for i in range(rest.shape[0]):
+        v = np.float64(rest[i]) - mu if squares else np.float64(rest[i])
+        acc[i] = acc[i] + (v * v if squares else v)
+    return _fold_slabs(acc, c)
+
+
+@njit(nogil=True, cache=True)  # pragma: no cover - compiled
+def _moments_rows(xt, c, acc, mean, m2):
     """Per row of a C-contiguous ``(features, rows)`` array: mean and sum of squared deviations in
-    float64, two vectorised passes, no float64 copy of the block (NaN/inf propagate)."""
+    float64 (two passes, no float64 copy of the block; NaN/inf propagate), each sum in the slab order
+    of :func:`_slab_rows`. ``acc``: ``c`` float64 of scratch."""
     d, n = xt.shape
     for j in range(d):
-        r = xt[j]
-        s = 0.0
-        for i in range(n):
-            s += r[i]
-        mu = s / n
-        acc = 0.0
-        for i in range(n):
-            v = r[i] - mu
-            acc += v * v
+        mu = _slab_sum(xt[j], c, acc, 0.0, False) / n
         mean[j] = mu
-        m2[j] = acc
+        m2[j] = _slab_sum(xt[j], c, acc, mu, True)
+
+
+def _xp_column_sums(xp: Any, v: Any) -> Any:
+    """Sums over axis 0 of a 2-D float64 array in the slab order of :func:`_slab_rows` (elementwise
+    operations only: the same bits on every array library)."""
+    n = v.shape[0]
+    c = _slab_rows(n)
+    acc = v[:c, ...] + 0.0  # a new array (the numba kernel adds this 0.0 too: -0.0 becomes 0.0 in both)
+    for s in range(c, n, c):
+        m = min(c, n - s)
+        acc = acc + v[s:s + c, ...] if m == c else xp.concat([acc[:m, ...] + v[s:s + m, ...], acc[m:, ...]], axis=0)
+    r = c
+    while r > 1:
+        h = r // 2
+        acc = xp.concat([acc[:h, ...] + acc[r - h:r, ...], acc[h:r - h, ...]], axis=0)
+        r -= h
+    return acc[0, ...]
 
 
 def moments(b: Any, axis: int | tuple[int, ...] | None) -> tuple[int, Any, Any]:
     """``(count, mean, M2)`` of one block over ``axis`` (0, a tuple such as ``(0, 1)`` for rows and
-    time steps of sequences, or None) in float64, for Chan et al.'s parallel variance. NumPy
-    feature-major float blocks take a numba fast path; CSR blocks (``axis=0``) read their stored values only."""
+    time steps of sequences, or None) in float64, for Chan et al.'s parallel variance. Over the rows
+    of a 2-D block, the sums run in the slab order of :func:`_slab_rows` on every backend (NumPy
+    feature-major float blocks through a numba kernel), so emulated, strict and CUDA devices agree
+    bit for bit; CSR blocks (``axis=0``) read their stored values only."""
     if is_sparse(b) and axis == 0:
         return sparse_moments(b)
     axes = tuple(range(b.ndim)) if axis is None else (axis,) if isinstance(axis, int) else tuple(axis)
     n = math.prod(b.shape[a] for a in axes)
-    if (axes == (0,) and n and isinstance(b, np.ndarray) and b.ndim == 2 and b.flags.f_contiguous
-            and b.dtype in (np.float32, np.float64)):
+    if axes == (0,) and n and isinstance(b, np.ndarray) and b.ndim == 2 and b.flags.f_contiguous \
+            and b.dtype in (np.float32, np.float64):
+        c = _slab_rows(n)
         mean = np.empty(b.shape[1])
         m2 = np.empty(b.shape[1])
-        _moments_rows(b.T, mean, m2)
+        _moments_rows(b.T, c, np.empty(c), mean, m2)
         return n, mean, m2
     xp = array_namespace(b)
     bf = astype(b, np.float64)
     if n == 0:
         z = xp.sum(bf, axis=axis) * 0
         return (0, z, z)
+    if axes == (0,) and b.ndim == 2:
+        mean = _xp_column_sums(xp, bf) / n
+        dev = bf - mean
+        return n, mean, _xp_column_sums(xp, dev * dev)
     mean = xp.mean(bf, axis=axis)
     keep = tuple(None if a in axes else slice(None) for a in range(b.ndim))  # mean broadcast over the axes
     dev = bf - (mean if axis is None else mean[keep])

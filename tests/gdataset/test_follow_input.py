@@ -131,16 +131,17 @@ def test_every_result_of_the_laptop_script_is_numpy_on_emulated_devices(emulated
     _all_numpy(emulated_run, "emulated")
 
 
-@pytest.mark.parametrize("name", ["compute", "map_blocks", "binops", "reversed", "rows", "ufunc", "iterate"])
+@pytest.mark.parametrize("name", ["compute", "map_blocks", "binops", "reversed", "rows", "ufunc", "iterate",
+                                  "standardised", "moments", "centred_sum"])
 def test_strict_devices_give_emulated_results_exactly(runs, name):
     for a, b in zip(_leaves(runs["emulated"][name]), _leaves(runs["emulated-strict"][name]), strict=True):
         np.testing.assert_array_equal(b, a)
 
 
-@pytest.mark.parametrize("name", ["standardised", "moments", "centred_sum", "matmul", "gram", "kmeans",
-                                  "logistic", "iterate_dict", "incremental"])
+@pytest.mark.parametrize("name", ["matmul", "gram", "kmeans", "logistic", "iterate_dict", "incremental"])
 def test_strict_devices_agree_with_emulated_to_rounding(runs, name):
     # the strict path sums in the array API's order, the emulated one with BLAS, NumPy's and numba's kernels
+    # (means, variances and the sums of elementwise chains are the same bits: tested exactly above)
     for a, b in zip(_leaves(runs["emulated"][name]), _leaves(runs["emulated-strict"][name]), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-11)
 
