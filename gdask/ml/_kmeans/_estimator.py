@@ -392,7 +392,8 @@ class KMeans(DeviceEstimatorMixin, ClassNamePrefixFeaturesOutMixin, ClusterMixin
 
 def _warn_distinct(labels: np.ndarray, n_clusters: int) -> None:
     """scikit-learn's ConvergenceWarning when fewer clusters than ``n_clusters`` hold rows (duplicate points)."""
-    distinct = int(np.unique(labels).size)
+    # labels are 0 .. n_clusters - 1: counting them is a pass, where np.unique sorts (~5x dearer at 1M rows)
+    distinct = int(np.count_nonzero(np.bincount(labels.ravel(), minlength=n_clusters)))
     if distinct < n_clusters:
         import warnings
 
