@@ -24,6 +24,9 @@ from typing import Hashable, Sequence
 
 __all__ = ["ContentionModel", "SharedClock"]
 
+#: work (seconds) left at which a kernel counts as finished (rounding in its progress sums)
+_DONE = 1e-12
+
 
 def _demand(value: float, name: str) -> float:
     try:
@@ -78,6 +81,7 @@ class _Kernel:
     bandwidth: float
     remaining: float
     slowdown: float = 1.0
+    finished: float | None = None  # clock time the device finished it (its thread may wake up later)
 
 
 @dataclass
@@ -122,32 +126,53 @@ class SharedClock:
         self.busy = 0.0  # seconds with at least one kernel running
 
     # -- internals (hold self._cv) ----------------------------------------------------------------
+    def _live(self) -> list[_Kernel]:
+        return [k for k in self._running.values() if k.finished is None]
+
     def _advance(self, now: float) -> None:
-        dt = now - self._last
-        self._last = now
-        if dt <= 0 or not self._running:
-            return
-        self.busy += dt
-        jobs = set()
-        for k in self._running.values():
-            k.remaining -= dt * self.speed / k.slowdown
-            u = self._usage[k.job]
-            u.kernel_seconds += dt
-            u.compute += dt * k.compute / k.slowdown
-            u.bandwidth += dt * k.bandwidth / k.slowdown
-            u.work += dt * self.speed / k.slowdown
-            jobs.add(k.job)
-        for j in jobs:
-            self._usage[j].active += dt
+        """Move the device's time to ``now``, event by event: a kernel finishes the moment its work is
+        done (from then on it neither contends nor counts), not when its thread wakes up, so a busy
+        host that wakes threads late changes no kernel's duration or usage."""
+        while now > self._last:
+            live = self._live()
+            if not live:
+                self._last = now
+                return
+            to_end = min(k.remaining * k.slowdown / self.speed for k in live)
+            dt, at = (now - self._last, now) if now - self._last <= to_end else (to_end, self._last + to_end)
+            self.busy += dt
+            jobs = set()
+            for k in live:
+                done = dt * self.speed / k.slowdown
+                k.remaining -= done
+                u = self._usage[k.job]
+                u.kernel_seconds += dt
+                u.compute += dt * k.compute / k.slowdown
+                u.bandwidth += dt * k.bandwidth / k.slowdown
+                u.work += done
+                jobs.add(k.job)
+            for j in jobs:
+                self._usage[j].active += dt
+            self._last = at
+            ended = [k for k in live if k.remaining <= _DONE]
+            for k in ended:
+                k.remaining = 0.0
+                k.finished = self._last
+            if ended:
+                self._rates()  # the others speed up from here
+            elif dt <= 0:
+                return
 
     def _rates(self) -> None:
-        demands = [(k.compute, k.bandwidth) for k in self._running.values()]
-        for k in self._running.values():
+        live = self._live()
+        demands = [(k.compute, k.bandwidth) for k in live]
+        for k in live:
             k.slowdown = self.model.slowdown((k.compute, k.bandwidth), demands)
 
     # -- public -----------------------------------------------------------------------------------
     def kernel(self, work: float, compute: float, bandwidth: float, job: Hashable = None) -> float:
-        """Run one kernel of ``work`` seconds (alone, at speed 1); returns the seconds it took.
+        """Run one kernel of ``work`` seconds (alone, at speed 1); returns the seconds it took on the
+        device (the calling thread returns when it wakes up after that: later on a busy host).
 
         Parameters
         ----------
@@ -162,9 +187,9 @@ class SharedClock:
         if not (math.isfinite(work) and work >= 0):
             raise ValueError(f"kernel work must be a finite number of seconds >= 0, got {work!r}")
         k = _Kernel(job, _demand(compute, "compute"), _demand(bandwidth, "bandwidth"), work)
-        t0 = time.perf_counter()
         with self._cv:
-            self._advance(t0)
+            self._advance(time.perf_counter())
+            t0 = self._last  # the kernel starts on the device now
             kid = next(self._ids)
             self._running[kid] = k
             u = self._usage.setdefault(job, _Usage())
@@ -174,7 +199,7 @@ class SharedClock:
             try:
                 while True:
                     self._advance(time.perf_counter())
-                    if k.remaining <= 1e-7:
+                    if k.finished is not None:
                         break
                     self._cv.wait(timeout=k.remaining * k.slowdown / self.speed)
             finally:
@@ -182,7 +207,9 @@ class SharedClock:
                 del self._running[kid]
                 self._rates()
                 self._cv.notify_all()
-        return time.perf_counter() - t0
+        # the device's duration of the kernel (the thread returns when it wakes up, maybe later); a
+        # kernel interrupted before its end (an exception in the wait) took until now
+        return (k.finished if k.finished is not None else self._last) - t0
 
     def usage(self, job: Hashable = None) -> dict[str, float]:
         """What ``job`` used so far: ``active`` seconds (any of its kernels running),
@@ -196,6 +223,7 @@ class SharedClock:
 
     @property
     def running(self) -> int:
-        """Kernels running now."""
+        """Kernels running now (not finished on the device)."""
         with self._cv:
-            return len(self._running)
+            self._advance(time.perf_counter())
+            return len(self._live())
