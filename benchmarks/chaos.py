@@ -56,6 +56,8 @@ from typing import Any, Callable
 import _common
 import numpy as np
 
+from gdask._compat import scheduler_workers
+
 MiB = 2**20
 
 
@@ -158,7 +160,7 @@ def wait_for_workers(client, n: int, gone: str | None, timeout: float = 90.0) ->
     """Whether the cluster has ``n`` workers again, ``gone`` not among them, within ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        workers = set(client.scheduler_info(n_workers=-1)["workers"])
+        workers = set(scheduler_workers(client))
         if len(workers) == n and gone not in workers:
             return True
         time.sleep(0.2)
@@ -335,7 +337,7 @@ def _one_kill(client, run: Callable[[], Any], trigger: str, rng: random.Random, 
         os.remove(marker)
     victim = None
     if killed:  # the worker that exited (the first address missing from the cluster)
-        gone = sorted(before - set(client.scheduler_info(n_workers=-1)["workers"]))
+        gone = sorted(before - set(scheduler_workers(client)))
         victim = gone[0] if gone else "?"
     return killed, status, result, {"victim": victim, "task": n, "delay": round(delay, 3)}
 

@@ -26,6 +26,7 @@ import _common
 CYCLE = r"""
 import numpy as np, gdask
 from distributed import Client
+from gdask._compat import scheduler_workers
 if __name__ == "__main__":
     x = np.random.default_rng({seed}).random(({rows}, 16), dtype=np.float32)
     with gdask.LocalGPUCluster(n_devices=2, backend="emulated", device_memory="256MiB", dashboard_address=":0",
@@ -33,7 +34,7 @@ if __name__ == "__main__":
         X = gdask.from_array(x, block_rows={rows} // 8).persist()
         km = gdask.ml.KMeans(8, random_state={seed}, max_iter=10).fit(X)
         assert km.fit_mode_ == "workers", km.fit_mode_
-        n = len(client.scheduler_info(n_workers=-1)["workers"])
+        n = len(scheduler_workers(client))
         print("WORKERS", n)
 """
 

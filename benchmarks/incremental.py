@@ -36,6 +36,8 @@ import time
 import _common
 import numpy as np
 
+from gdask._compat import scheduler_workers
+
 STATIC = ("from-array", "mean", "std", "standardize", "expand")
 
 
@@ -139,7 +141,7 @@ def bench_loop(client, args, log):
     out["max_weight_diff"] = float(np.abs(w - wd).max())
     out["max_weight_diff_persisted"] = float(np.abs(w - wp).max())
     # bytes of loop state per iteration: w embedded in every residual task vs one broadcast
-    nworkers = len(client.scheduler_info()["workers"])
+    nworkers = len(scheduler_workers(client))
     out["state_bytes"] = {"embedded": X.nblocks * len(pickle.dumps(w, protocol=5)),
                           "channel": int(w.nbytes) * nworkers}
     return out
@@ -363,7 +365,7 @@ def main(argv=None):
     res = {"device": "emulated (CPU)", "devices": args.devices, "args": vars(args)}
     with gdask.LocalGPUCluster(n_devices=args.devices, backend="emulated", device_memory="3GiB",
                                dashboard_address=":0") as cluster, Client(cluster) as client:
-        threads = sorted({w["nthreads"] for w in client.scheduler_info(n_workers=-1)["workers"].values()})
+        threads = sorted({w["nthreads"] for w in scheduler_workers(client).values()})
         log = ExecutionLog(client)
         if "loop" not in args.skip:
             res["loop"] = bench_loop(client, args, log)

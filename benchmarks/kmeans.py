@@ -25,6 +25,8 @@ import warnings
 import _common
 import numpy as np
 
+from gdask._compat import scheduler_workers
+
 
 def make_data(n, d, k, seed=0):
     rng = np.random.default_rng(seed)
@@ -187,7 +189,7 @@ def main(argv=None):
     with gdask.LocalGPUCluster(n_devices=a.devices, backend=a.backend, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         kind = cluster.backend
-        threads = sorted({w["nthreads"] for w in client.scheduler_info(n_workers=-1)["workers"].values()})
+        threads = sorted({w["nthreads"] for w in scheduler_workers(client).values()})
         # gdask and scikit-learn fits in turn (the machine may be shared); dask-ml and the dask.array
         # loop after them (slow, and not what the ratios are taken against)
         loop: list = []

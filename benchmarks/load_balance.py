@@ -38,6 +38,8 @@ import time
 import _common
 import numpy as np
 
+from gdask._compat import scheduler_workers
+
 
 def _spin(blk, row_cost: float):
     """Device time of ``rows * row_cost`` seconds at speed 1. Emulated devices: a GIL-free sleep
@@ -116,7 +118,7 @@ def _solo_rate(rows, cols, row_cost, workload, centers, reps=3):
 def solo_rates(client, args, workload, init):
     """``{worker: rows/s}`` measured one device at a time, the others idle (see :func:`_solo_rate`)."""
     out = {}
-    for addr in sorted(client.scheduler_info(n_workers=-1)["workers"]):
+    for addr in sorted(scheduler_workers(client)):
         fut = client.submit(_solo_rate, args.block_rows, args.cols, args.row_cost, workload, init,
                             workers=[addr], allow_other_workers=False, pure=False)
         out[addr] = float(fut.result())
@@ -167,7 +169,7 @@ def run(placement: bool, args, data: np.ndarray, init: np.ndarray) -> dict:
     with cluster, Client(cluster) as client:
         if cuda:
             client.run(_set_cuda_speeds, speeds)
-        out["worker_threads"] = sorted({w["nthreads"] for w in client.scheduler_info(n_workers=-1)["workers"].values()})
+        out["worker_threads"] = sorted({w["nthreads"] for w in scheduler_workers(client).values()})
         for workload in args.workloads.split(","):
             if workload == "kmeans":  # compile the numba kernel outside the timed, device-timed region
                 client.run(_warm_kmeans, init)
@@ -179,7 +181,7 @@ def run(placement: bool, args, data: np.ndarray, init: np.ndarray) -> dict:
             where, _ = block_workers(X, client, wait_ready=True)
             for a in where.values():
                 per_dev[a] = per_dev.get(a, 0) + 1
-            names = {a: w["name"] for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}
+            names = {a: w["name"] for a, w in scheduler_workers(client).items()}
             iters = []
             centers = init.copy()
             result = None

@@ -27,6 +27,8 @@ import warnings
 import _common
 import numpy as np
 
+from gdask._compat import scheduler_workers
+
 
 def make_data(n, d, classes, seed=0):
     rng = np.random.default_rng(seed)
@@ -137,7 +139,7 @@ def main(argv=None):
             Client(cluster) as client:
         kind = cluster.backend
         ndev = len(cluster.device_specs)
-        threads = sorted({w["nthreads"] for w in client.scheduler_info(n_workers=-1)["workers"].values()})
+        threads = sorted({w["nthreads"] for w in scheduler_workers(client).values()})
         block_rows = None
         for d, X in Xs.items():
             fits[f"gdask {d}"], G = setup_gdask(X, y, a.C, a.solver)

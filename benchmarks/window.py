@@ -42,6 +42,8 @@ from collections.abc import Hashable, Sequence
 import _common
 import numpy as np
 
+from gdask._compat import scheduler_workers
+
 
 def make_data(n, d, k, seed=0):
     rng = np.random.default_rng(seed)
@@ -228,13 +230,13 @@ class Config:
             bandwidth=a.bandwidth if a.backend == "emulated" else None,
             dashboard_address=":0", data=(WindowStore, self.store_kwargs)))
         self.client = client = stack.enter_context(Client(cluster, set_as_default=False))
-        self.threads = sorted({w["nthreads"] for w in client.scheduler_info(n_workers=-1)["workers"].values()})
+        self.threads = sorted({w["nthreads"] for w in scheduler_workers(client).values()})
         client.run(_warm)
         # the bus, measured before the data is there (a copy then needs no room)
         block = a.block_rows * self.X.shape[1] * self.X.itemsize
         self.bus = {w: client.submit(_bus_bandwidth, block, workers=[w], allow_other_workers=False,
                                      pure=False).result(timeout=120)
-                    for w in client.scheduler_info(n_workers=-1)["workers"]}
+                    for w in scheduler_workers(client)}
         with client.as_current():
             t0 = time.perf_counter()
             self.G = gdask.from_array(self.X, block_rows=a.block_rows).persist()

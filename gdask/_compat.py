@@ -24,6 +24,11 @@ which pins the supported range), not many:
 * :func:`event_topics` / :func:`forget_events`: the events a scheduler keeps of one topic
   (``Scheduler.log_event`` stores every event of a topic, for ``Client.get_events``, and never drops
   a topic; distributed's only clean-up is per client, after the client left).
+* :func:`scheduler_workers`: the scheduler's workers, asked for at each call. ``Client.scheduler_info()``
+  fetches them but returns the client's cached identity, which the client's own periodic refresh
+  (it asks for no workers) can overwrite in between: an empty ``"workers"`` for a cluster that has
+  some, seen on a loaded machine. This asks the scheduler's ``identity`` handler (what
+  ``scheduler_info`` calls) and returns its answer as it came.
 
 Nothing else in gdask reads or writes an underscored attribute of a distributed object
 (``tests/test_layering.py`` checks it).
@@ -37,7 +42,8 @@ from typing import Any, Callable, ContextManager
 SUPPORTED_DISTRIBUTED = ("2025.1", "2027.1")
 
 __all__ = ["SUPPORTED_DISTRIBUTED", "event_topics", "forget_events", "process_workers", "run_async", "run_sync",
-           "set_executor", "set_worker_data", "wait_for_signals", "wrap_execute", "wrap_transfer_handler"]
+           "scheduler_workers", "set_executor", "set_worker_data", "wait_for_signals", "wrap_execute",
+           "wrap_transfer_handler"]
 
 
 def process_workers() -> list[Any]:
@@ -51,6 +57,25 @@ def run_async(client: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
     """``client.run(func, *args, **kwargs)`` as a coroutine, to await on the client's event loop
     (``workers=``, ``wait=``, ``on_error=`` as for ``Client.run``)."""
     return client._run(func, *args, **kwargs)
+
+
+def scheduler_workers(client: Any, timeout: float | None = None) -> dict[str, dict]:
+    """``{address: info}`` of the scheduler's workers now (as ``client.scheduler_info()["workers"]``,
+    without its race), within ``timeout`` seconds (default config ``gdask.timeouts.scheduler-info``).
+    An asynchronous client cannot wait here: it gets the client's cached view, as from
+    ``scheduler_info``."""
+    if getattr(client, "asynchronous", False):
+        return dict(client.scheduler_info()["workers"])
+    if timeout is None:
+        from gdask import config
+
+        timeout = float(config.get("timeouts.scheduler-info", 30))
+    try:
+        info = client.sync(client.scheduler.identity, n_workers=-1, callback_timeout=timeout)
+    except TimeoutError as e:
+        raise TimeoutError(f"the scheduler did not list its workers within {timeout:g} s "
+                           "(config gdask.timeouts.scheduler-info)") from e
+    return dict(info.get("workers", {}))
 
 
 def run_sync(client: Any, func: Any, *args: Any, timeout: float, **kwargs: Any) -> Any:

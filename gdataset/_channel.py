@@ -17,6 +17,8 @@ from typing import Any, Sequence
 from dask.base import tokenize
 from dask.task_spec import Task
 
+from gdask._compat import scheduler_workers
+
 __all__ = ["IterationChannel"]
 
 
@@ -69,7 +71,7 @@ class IterationChannel:
         iteration)."""
         if self._nworkers is None or self.version % 16 == 1:
             try:
-                self._nworkers = max(1, len(self.client.scheduler_info(n_workers=-1)["workers"]))
+                self._nworkers = max(1, len(scheduler_workers(self.client)))
             except Exception:  # noqa: BLE001 - unknown: count one
                 self._nworkers = 1
         return self._nworkers

@@ -13,6 +13,7 @@ from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task, TaskRef
 
 from gdask import GDaskWarning, config
+from gdask._compat import scheduler_workers
 from gdask.devices import discover, is_sparse, numpy_dtype, parse_size
 from gdask.gdataset import _blocks, _output
 from gdask.gdataset._core import GDataSet, device_layer
@@ -270,7 +271,7 @@ def _client_workers() -> int:
     client = default_client_or_none()
     if client is None:
         return 0
-    return len(client.scheduler_info(n_workers=-1)["workers"])
+    return len(scheduler_workers(client))
 
 
 def from_dataframe(df: Any, block_rows: int | None = None, *, columns: list[Any] | None = None) -> GDataSet:

@@ -35,6 +35,7 @@ from dask.utils import key_split, parse_bytes
 from distributed import default_client, get_client, wait
 
 from gdask import config, protocol
+from gdask._compat import scheduler_workers
 from gdask.gdataset import _blocks
 from gdask.gdataset._cachepolicy import ReusePolicy
 from gdask.scheduling import ExecutionLogPlugin, ensure_plugins
@@ -397,7 +398,7 @@ class GTracker:
 def _default_budget(client: Any) -> int:
     """Half the (emulated or real) device memory of the cluster's workers, or 1 GiB."""
     try:
-        info = client.scheduler_info(n_workers=-1)["workers"]
+        info = scheduler_workers(client)
         mem = [w.get("metrics", {}).get("gdask_device", {}) for w in info.values()]
         total = sum(int(m.get("memory", 0) or 0) for m in mem if isinstance(m, dict))
         if total > 0:

@@ -24,7 +24,7 @@ from distributed import default_client, futures_of
 from distributed import wait as wait_for_futures
 
 from gdask import config
-from gdask._compat import run_async
+from gdask._compat import run_async, scheduler_workers
 from gdask.window_cache import worker_store
 
 __all__ = ["BlockPlaces", "block_places", "block_status", "block_workers", "default_client_or_none", "groups_of",
@@ -242,7 +242,7 @@ def block_status(x: Any, wait: float = 5.0) -> dict[int, dict[str, Any]] | None:
     index = {k: i for i, k in enumerate(x.__dask_keys__())}
     try:
         who = client.who_has(futures)
-        info = client.scheduler_info(n_workers=-1)["workers"]
+        info = scheduler_workers(client)
     except Exception as e:  # noqa: BLE001 - a display must never raise: no scheduler, shown as not persisted
         logger.debug("GDataSet repr: could not ask where the blocks are: %r", e)
         return None

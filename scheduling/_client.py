@@ -19,6 +19,7 @@ from typing import Any
 import dask
 
 from gdask import protocol
+from gdask._compat import scheduler_workers
 from gdask.devices import parse_size
 from gdask.scheduling._interference import JobProfile
 from gdask.scheduling._sharing import JobRequest
@@ -343,7 +344,7 @@ def jobs(client: Any = None) -> Any:
     columns = ["job", "kind", "status", "devices", "share", "memory", "memory_used", "spilled_bytes", "bottleneck",
                "co_runners", "predicted_slowdown", "measured_slowdown", "waited", "runtime"]
     df = pd.DataFrame(info["rows"], columns=columns).set_index("job")
-    names = {a: str(w.get("name", a)) for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}
+    names = {a: str(w.get("name", a)) for a, w in scheduler_workers(client).items()}
     df = TableFrame(df, names=names, title=f"gdask jobs: {len(df)} (sharing policy {info.get('policy')})")
     df.attrs.update({k: v for k, v in info.items() if k != "rows"})
     return df

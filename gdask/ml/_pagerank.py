@@ -32,6 +32,7 @@ from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task, TaskRef
 from numba import njit
 
+from gdask._compat import scheduler_workers
 from gdask.ml._base import job_share, shared_docs
 from gdask.ml.kernels._pagerank_cpu import order_share_perm, order_shares, received_weights, unsigned
 
@@ -433,7 +434,7 @@ def _pagerank_workers(A: Any, *, damping: float, tol: float, max_iter: int, nblo
         pos = np.empty_like(perm)
         pos[perm] = np.arange(len(perm))
     if nblocks is None:
-        nblocks = max(2, len(client.scheduler_info(n_workers=-1)["workers"]))
+        nblocks = max(2, len(scheduler_workers(client)))
     P = prepare(A, pos, nblocks)
     res = run_sweeps(client, P, damping=damping, tol=tol, max_iter=max_iter, descending=order == "descending")
     bar = Progress(progress[0], progress[1], total=progress[2], desc="pagerank")

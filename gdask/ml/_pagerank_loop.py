@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from gdask import config
+from gdask._compat import scheduler_workers
 from gdask.gdataset.collective import CollectiveError, run_on_workers
 from gdask.ml.kernels._pagerank_cpu import scale_block, sweep_block, transpose_renumber, unsigned
 
@@ -130,7 +131,7 @@ def _rank_sweeps(comm: Any, blocks: list, out: np.ndarray, bounds: np.ndarray, d
 
 def _place(client: Any, P: Prepared) -> tuple[list[str], list[tuple]]:
     """Send each worker its contiguous share of the blocks and the out-weights; (peers, args)."""
-    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    workers = sorted(scheduler_workers(client))
     if not workers:  # between a lost worker and its restart, say
         wait = float(config.get("timeouts.cluster-start", 120))
         try:
@@ -138,7 +139,7 @@ def _place(client: Any, P: Prepared) -> tuple[list[str], list[tuple]]:
         except TimeoutError:
             raise RuntimeError(f"pagerank found no worker on the cluster within {wait:g} s (config "
                                f"gdask.timeouts.cluster-start): start workers, or pass loop='graph'") from None
-        workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+        workers = sorted(scheduler_workers(client))
     ranks = min(len(workers), P.nblocks)
     peers, args = workers[:ranks], []
     for r, addr in enumerate(peers):

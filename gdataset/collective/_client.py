@@ -17,6 +17,7 @@ from distributed import wait
 from distributed.client import FutureCancelledError, FuturesCancelledError
 
 from gdask import config
+from gdask._compat import scheduler_workers
 from gdask.gdataset.collective._worker import CollectiveError, CollectivePlugin, Stopped, abort_on_worker, rank_task
 from gdask.scheduling import ensure_plugins
 
@@ -84,7 +85,7 @@ def run_on_workers(client: Any, func: Callable[..., Any], peers: Sequence[str], 
 
 
 def _workers(client: Any) -> set[str]:
-    return set(client.scheduler_info(n_workers=-1)["workers"])
+    return set(scheduler_workers(client))
 
 
 def _results(client: Any, futures: list, peers: list[str], timeout: float, name: str, same: bool) -> list[Any]:

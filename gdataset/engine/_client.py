@@ -27,7 +27,7 @@ from dask.task_spec import Task
 from distributed import wait
 
 from gdask import config, protocol
-from gdask._compat import run_async, run_sync
+from gdask._compat import run_async, run_sync, scheduler_workers
 from gdask.gdataset import _blocks
 from gdask.gdataset._core import GDataSet, _Operands, device_layer
 from gdask.gdataset.collective import CollectiveError, run_on_workers
@@ -67,7 +67,7 @@ def device_memories(client: Any = None) -> list[int]:
     specs = getattr(getattr(client, "cluster", None), "device_specs", None)
     if specs:  # a LocalGPUCluster in this process knows its devices: no round trip
         return [int(s.memory or 0) for s in specs]
-    workers = client.scheduler_info(n_workers=-1)["workers"].values()
+    workers = scheduler_workers(client).values()
     found = [int((w.get("metrics", {}).get(protocol.METRIC_DEVICE) or {}).get("memory") or 0) for w in workers]
     return [m for m in found if m > 0]
 

@@ -19,6 +19,7 @@ import pytest
 
 import gdask
 import gdask.ml
+from gdask._compat import scheduler_workers
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -88,7 +89,7 @@ def _kill_during(client, where, name, n, run):
     import tempfile
     import uuid
 
-    before = set(client.scheduler_info(n_workers=-1)["workers"])
+    before = set(scheduler_workers(client))
     assert len(before) == 2
     marker = os.path.join(tempfile.gettempdir(), f"gdask-chaos-{uuid.uuid4().hex}")
     if where is None:
@@ -106,7 +107,7 @@ def _kill_during(client, where, name, n, run):
             client.run(_restore, where, name)
     start = time.monotonic()
     while True:
-        now = set(client.scheduler_info(n_workers=-1)["workers"])
+        now = set(scheduler_workers(client))
         if len(now) == 2 and now != before:
             break  # the dead worker was restarted (a new process, a new address)
         waited = time.monotonic() - start

@@ -91,3 +91,20 @@ def test_execute_and_transfer_wrappers_on_a_real_worker():
         assert client.gather(w) == 7 and seen == [("transfer", None)]  # a client asks: no worker address
         for u in undo:
             u()
+
+
+@pytest.mark.timeout(60)
+def test_scheduler_workers_does_not_depend_on_the_clients_cached_identity():
+    # Client.scheduler_info() returns the client's cached identity after fetching it; the client's
+    # periodic refresh (no workers asked) may overwrite it in between. The cache is set here as
+    # that refresh sets it: scheduler_workers still lists the workers, scheduler_info does not
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        assert not client.scheduler_info(n_workers=0)["workers"]  # the identity the periodic refresh caches
+        found = _compat.scheduler_workers(client)
+        assert sorted(found) == sorted(w.address for w in cluster.workers.values())
+        assert all("nthreads" in info for info in found.values())
+        with pytest.raises(TimeoutError, match="gdask.timeouts.scheduler-info"):
+            _compat.scheduler_workers(client, timeout=1e-9)

@@ -142,7 +142,7 @@ def test_a_cluster_start_prints_nothing_and_tasks_see_the_workers_config(tmp_pat
         if __name__ == "__main__":
             with gdask.LocalGPUCluster(n_devices=1, backend="emulated", dashboard_address=":0") as cluster, \\
                     Client(cluster) as client:
-                futs = [client.submit(watch, pure=False, workers=[w]) for w in client.scheduler_info()["workers"]]
+                futs = [client.submit(watch, pure=False, workers=[w]) for w in scheduler_workers(client)]
                 out = client.gather(futs)
                 wait_for_warm_kernels(client, timeout=500)
             print(json.dumps(out))

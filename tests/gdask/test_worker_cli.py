@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import gdask
+from gdask._compat import scheduler_workers
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -48,7 +49,7 @@ def _workload(client, n_workers):
     from distributed import wait
 
     deadline = time.monotonic() + 60
-    while len(client.scheduler_info(n_workers=-1)["workers"]) < n_workers:
+    while len(scheduler_workers(client)) < n_workers:
         assert time.monotonic() < deadline, "device workers did not connect"
         time.sleep(0.2)
     table = gdask.scheduling.device_table(client)
@@ -85,7 +86,7 @@ def test_scheduler_and_gdask_worker_processes(tmp_path, layout):
         with Client(scheduler_file=sched_file, timeout=60) as client:
             km = _workload(client, 2)
             assert km.fit_mode_ == "workers"
-            names = sorted(str(w["name"]) for w in client.scheduler_info(n_workers=-1)["workers"].values())
+            names = sorted(str(w["name"]) for w in scheduler_workers(client).values())
             assert names == (["node-a-0", "node-b-0"] if layout == "two-hosts" else ["node-0", "node-1"])
     finally:
         codes = _stop(procs[1:]) + _stop(procs[:1])

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster
 
+from gdask._compat import scheduler_workers
 from gdask.gdataset.collective import CollectiveError, run_on_workers
 
 
@@ -26,7 +27,7 @@ def _fail_at(comm, rank, step, how):
 
 
 def _workers(client):
-    return sorted(client.scheduler_info(n_workers=-1)["workers"])
+    return sorted(scheduler_workers(client))
 
 
 def test_allgather_in_rank_order(client):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import gdask
+from gdask._compat import scheduler_workers
 from gdask.devices import array_namespace
 from gdask.gdataset import ExecutionLog, GTracker, IterationChannel, incremental
 from gdask.gdataset._cachepolicy import ReusePolicy
@@ -213,7 +214,7 @@ def test_channel_sends_only_changed_parts(client):
     parts = [np.zeros(1000), np.ones(1000), np.full(1000, 2.0)]
     with IterationChannel(client) as ch:
         f1 = ch.publish_blocks("s", parts)
-        nw = len(client.scheduler_info()["workers"])
+        nw = len(scheduler_workers(client))
         assert ch.history[-1]["bytes_sent"] == 3 * 8000 * nw
         f2 = ch.publish_blocks("s", [parts[0], parts[1] + 1, parts[2]])
         assert ch.history[-1]["parts_sent"] == 1 and ch.history[-1]["bytes_sent"] == 8000 * nw
@@ -257,7 +258,7 @@ def test_worker_loss_recomputes_from_lineage(client):
         w = _step(X, y, np.zeros(6))
         held = client.who_has(list(tracker._futures.values()))
         only = Counter(v[0] for v in held.values() if len(v) == 1)  # results held by one worker only
-        victim = only.most_common(1)[0][0] if only else sorted(client.scheduler_info()["workers"])[0]
+        victim = only.most_common(1)[0][0] if only else sorted(scheduler_workers(client))[0]
         client.run(os._exit, 1, workers=[victim], on_error="ignore")
         for _ in range(2):
             w = _step(X, y, w)

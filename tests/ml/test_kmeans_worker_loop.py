@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import gdask
+from gdask._compat import scheduler_workers
 from gdask.gdataset.engine import _worker as engine_worker
 from gdask.ml import KMeans, kernels
 
@@ -139,7 +140,7 @@ def test_a_worker_dying_mid_fit_gives_the_same_bits(caplog, die_in):
                                dashboard_address=":0") as cluster, Client(cluster) as c:
         G = gdask.from_array(X, block_rows=12_500).persist()
         ref = KMeans(8, init=X[:8], max_iter=20, tol=0).fit(G)
-        victim = sorted(c.scheduler_info(n_workers=-1)["workers"])[0]
+        victim = sorted(scheduler_workers(c))[0]
         c.run(_die_in_iteration, die_in, workers=[victim])
         with caplog.at_level(logging.WARNING, logger="gdask.gdataset"):
             km = KMeans(8, init=X[:8], max_iter=20, tol=0).fit(G)

@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import gdask  # noqa: E402
+from gdask._compat import scheduler_workers  # noqa: E402
 from gdask.ml import LSTMClassifier, LSTMRegressor  # noqa: E402
 from tests.ml.test_lstm import plain_torch_loop, sine_windows  # noqa: E402
 
@@ -117,7 +118,7 @@ def test_a_lost_worker_restarts_the_fit_from_its_last_epoch(client, caplog):
     G = gdask.from_array(X, block_rows=100).persist()
     kw = dict(hidden_size=6, epochs=4, batch_size=100, lr=1e-2, random_state=1)
     ref = LSTMRegressor(**kw).fit(G, y)
-    victim = sorted(client.scheduler_info(n_workers=-1)["workers"])[1]
+    victim = sorted(scheduler_workers(client))[1]
     client.run(_die_at_step, 2 * 8 + 3, workers=[victim])  # in the third epoch (8 steps per epoch)
     with caplog.at_level(logging.WARNING, logger="gdask.gdataset"):
         reg = LSTMRegressor(**kw).fit(G, y)
@@ -144,7 +145,7 @@ def test_streamed_fit_has_the_same_bits_after_a_lost_worker(client, caplog):
     assert ref.fit_mode_ == "workers" and all(b > 0 for b in ref.h2d_bytes_)  # streamed
     assert len(ref.history_[0]["shares"]) == 2
     steps = -(-n // 1024)
-    victim = sorted(client.scheduler_info(n_workers=-1)["workers"])[0]
+    victim = sorted(scheduler_workers(client))[0]
     client.run(_die_at_step, steps + 4, workers=[victim])  # in the second epoch
     with caplog.at_level(logging.WARNING, logger="gdask.gdataset"):
         reg = LSTMRegressor(**kw).fit(G, y)

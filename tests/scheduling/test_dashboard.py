@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import gdask
+from gdask._compat import scheduler_workers
 from gdask.scheduling._dashboard import render_fragment, render_page
 
 
@@ -54,7 +55,7 @@ def test_the_page_is_served_with_the_devices(dashboard):
     assert status == 200
     assert "device 0" in page and "device 1" in page  # worker (device) names
     assert page.count("emulated") >= 2
-    for addr in client.scheduler_info()["workers"]:
+    for addr in scheduler_workers(client):
         assert addr in page
     assert "window hit rate" in page and "streams K" in page and "tasks placed" in page
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import gdask
+from gdask._compat import scheduler_workers
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -61,4 +62,4 @@ def test_no_metric_is_added_after_setup():
         client.sync(asyncio.sleep, 2.5)  # heartbeats run meanwhile
         for mutations, kind in client.run(_mutations).values():
             assert mutations == [] and kind == "FrozenMetrics"
-        assert len(client.scheduler_info(n_workers=-1)["workers"]) == 2  # no worker died
+        assert len(scheduler_workers(client)) == 2  # no worker died

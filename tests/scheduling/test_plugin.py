@@ -12,6 +12,7 @@ import pytest
 from distributed.utils_test import gen_cluster, inc, slowinc
 
 import gdask
+from gdask._compat import scheduler_workers
 from gdask.scheduling import GPUPlacement, is_gpu_task
 
 
@@ -167,7 +168,7 @@ def _counts(X, client):
     from gdask.gdataset import block_workers
 
     where, _ = block_workers(X, client, wait_ready=True)
-    names = {a: w["name"] for a, w in client.scheduler_info(n_workers=-1)["workers"].items()}
+    names = {a: w["name"] for a, w in scheduler_workers(client).items()}
     out: dict = {}
     for addr in where.values():
         out[names[addr]] = out.get(names[addr], 0) + 1
@@ -219,7 +220,7 @@ def test_worker_killed_mid_iteration_same_result(hetero):
     expected = data.sum(axis=0)
     fut = hetero.compute(X.reduce_blocks(_sleepy, _add, 2e-5, 0))
     time.sleep(0.1)
-    victim = [a for a, w in hetero.scheduler_info(n_workers=-1)["workers"].items() if w["name"] == 0][0]
+    victim = [a for a, w in scheduler_workers(hetero).items() if w["name"] == 0][0]
     hetero.run(_die, workers=[victim], wait=False)  # the nanny starts a fresh worker
     np.testing.assert_allclose(fut.result(timeout=90), expected)
     hetero.wait_for_workers(2, timeout=60)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gdask._compat import scheduler_workers
 from gdask.window_cache import WindowStore, hint_order, scan, scan_priority, stats
 
 
@@ -58,7 +59,7 @@ def test_kmeans_steps_on_data_twice_the_device_memory(wclient):
         centers[nz] = ref["sums"][nz] / ref["counts"][nz, None]
     s = stats(wclient)
     summary = {k: v for k, v in s.items() if k != "workers"}
-    assert set(s["workers"]) == set(wclient.scheduler_info()["workers"])
+    assert set(s["workers"]) == set(scheduler_workers(wclient))
     for k in ("hits", "misses", "prefetch_hits", "bytes_h2d", "bytes_d2h", "stall_time", "hit_rate"):
         assert k in s
     assert s["reads"] == 4 * G.nblocks, summary

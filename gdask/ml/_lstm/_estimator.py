@@ -20,6 +20,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 
 from gdask import config
+from gdask._compat import scheduler_workers
 from gdask.devices import array_namespace, module_available, to_numpy
 from gdask.gdataset import GDataSet, Progress, default_block_rows, from_array, run_loop
 from gdask.gdataset.engine import device_memories
@@ -70,7 +71,7 @@ def _n_devices() -> int:
     try:
         from distributed import default_client
 
-        return max(1, len(default_client().scheduler_info(n_workers=-1)["workers"]))
+        return max(1, len(scheduler_workers(default_client())))
     except (ImportError, ValueError):
         return 1
 
