@@ -30,6 +30,32 @@ logger = logging.getLogger("gdask.scheduling")
 
 __all__ = ["GPUPlacement", "is_gpu_task"]
 
+class GatherDuringRecompute(logging.Filter):
+    """Demotes to DEBUG the scheduler's "Couldn't gather keys: {key: state}" when every key is being
+    computed again (``waiting``, ``queued``, ``processing``, ``no-worker``): a client asked for a
+    result whose worker had just left, the scheduler recomputes it, and the client asks again once
+    it is back (distributed's ``Client._gather`` retries). Nothing is lost; the ERROR line only
+    alarms users of fits that survived a lost worker. A key that is still in memory (the worker
+    holding it did not answer), forgotten, released or erred keeps its ERROR. Stateless; installed
+    on ``distributed.scheduler`` by :class:`GPUPlacement`."""
+
+    MESSAGE = "Couldn't gather keys"
+    RECOMPUTING = frozenset({"waiting", "queued", "processing", "no-worker"})
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and str(record.msg).startswith(self.MESSAGE):
+            states = record.args[0] if isinstance(record.args, tuple) and record.args else record.args
+            if isinstance(states, dict) and states and set(states.values()) <= self.RECOMPUTING:
+                # handlers at level NOTSET (distributed's own) would print a relabelled record: it is
+                # kept only where the logger is set to show DEBUG
+                record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+                return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+#: one filter per process (``addFilter`` adds an equal filter once)
+GATHER_DURING_RECOMPUTE = GatherDuringRecompute()
+
 #: states from which a task may still be (re-)placed
 _PLACEABLE = frozenset({"released", "waiting", "no-worker"})
 #: states in which a task no longer occupies its device's queue
@@ -153,6 +179,7 @@ class GPUPlacement(SchedulerPlugin):
         from gdask.scheduling._dashboard import register
 
         register(scheduler)  # the /gdask page of the dashboard
+        logging.getLogger("distributed.scheduler").addFilter(GATHER_DURING_RECOMPUTE)
 
     def add_worker(self, scheduler: Any, worker: str) -> None:
         if self.placer is not None and worker in scheduler.workers:

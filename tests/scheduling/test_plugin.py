@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 
@@ -88,6 +89,13 @@ async def test_scheduler_preload_installs_placement(c, s, a):
     stats = await c.scheduler.gdask_placement_stats()
     assert a.address in stats["workers"]
     assert "gdask-jobs" in s.plugins and "gdask_job_open" in s.handlers
+
+
+@gen_cluster(client=True, nthreads=[("", 1)], scheduler_kwargs={"preload": ["gdask.scheduling"]})
+async def test_the_placement_plugin_installs_the_gather_filter(c, s, a):
+    from gdask.scheduling._scheduler import GATHER_DURING_RECOMPUTE
+
+    assert GATHER_DURING_RECOMPUTE in logging.getLogger("distributed.scheduler").filters
 
 
 @gen_cluster(client=True, nthreads=[("", 1)] * 2)
@@ -247,4 +255,37 @@ def test_blocks_rebalanced_when_measured_speeds_differ():
     assert counts[0] >= 7, counts  # 8:2 is proportional to 1 : 0.25
     speeds = {w["speed_measured"] for w in stats["workers"].values()}
     assert min(speeds) < 0.5
+
+
+
+def _gather_record(states):
+    return logging.LogRecord("distributed.scheduler", logging.ERROR, __file__, 1, "Couldn't gather keys: %s",
+                             (states,), None)
+
+
+def test_a_gather_racing_a_recomputation_is_not_an_error():
+    from gdask.scheduling._scheduler import GatherDuringRecompute
+
+    f = GatherDuringRecompute()
+    log = logging.getLogger("distributed.scheduler")
+    old = log.level
+    try:
+        log.setLevel(logging.INFO)
+        # the worker holding the key left and the scheduler computes it again: the client asks again
+        for states in ({"x-1": "waiting"}, {"x-1": "processing", "x-2": "no-worker"}, {"x-1": "queued"}):
+            rec = _gather_record(states)
+            assert f.filter(rec) is False and rec.levelno == logging.DEBUG
+        log.setLevel(logging.DEBUG)  # asked for: shown, as DEBUG
+        rec = _gather_record({"x-1": "waiting"})
+        assert f.filter(rec) is True and rec.levelname == "DEBUG"
+        log.setLevel(logging.INFO)
+        # anything else stays an error: a key in memory whose worker did not answer, lost for good, ...
+        for states in ({"x-1": "memory"}, {"x-1": "waiting", "x-2": "forgotten"}, {"x-1": "erred"}, {}):
+            rec = _gather_record(states)
+            assert f.filter(rec) is True and rec.levelno == logging.ERROR
+        other = logging.LogRecord("distributed.scheduler", logging.ERROR, __file__, 1, "something else %s",
+                                  ({"x": "waiting"},), None)
+        assert f.filter(other) is True and other.levelno == logging.ERROR
+    finally:
+        log.setLevel(old)
 
