@@ -123,6 +123,7 @@ def test_a_cluster_start_prints_nothing_and_tasks_see_the_workers_config(tmp_pat
         import dask
         from distributed import Client
         import gdask
+        from gdask._compat import scheduler_workers
         from gdask.ml import wait_for_warm_kernels
 
         def watch(dask_worker=None):
