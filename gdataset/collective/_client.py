@@ -46,12 +46,13 @@ def run_on_workers(client: Any, func: Callable[..., Any], peers: Sequence[str], 
     start_timeout = float(config.get("collective.start-timeout", 10))
     timeout = config.get("collective.timeout", 600)
     timeout = None if timeout is None else float(timeout)
+    direct = bool(config.get("collective.direct", True))
     token = uuid.uuid4().hex
     peers = list(peers)
     futures = []
     for r, (addr, a) in enumerate(zip(peers, args)):
         key = f"{name}-{token}-{r}"
-        task = dask.delayed(rank_task, pure=False)(key, token, r, peers, start_timeout, timeout, func, *a,
+        task = dask.delayed(rank_task, pure=False)(key, token, r, peers, start_timeout, timeout, direct, func, *a,
                                                dask_key_name=key)
         futures.append(client.compute(task, workers=[addr], allow_other_workers=False))
     next_check = time.monotonic() + check_workers

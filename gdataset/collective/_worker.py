@@ -20,6 +20,7 @@ from distributed import WorkerPlugin, get_worker
 from distributed.protocol import to_serialize
 
 from gdask import protocol
+from gdask.gdataset.collective import _direct
 
 logger = logging.getLogger("gdask.gdataset")
 
@@ -73,6 +74,23 @@ class Mailbox:
         self.finished: OrderedDict[tuple[str, int], None] = OrderedDict()  # ranks that ended: late messages dropped
         self.running: dict[Any, str] = {}  # task key of a rank running here -> its loop's token
         self.cancelled: OrderedDict[str, None] = OrderedDict()  # loops stopped because a task of theirs was cancelled
+        self.wakers: dict[str, set[Any]] = {}  # loop token -> wakers of its ranks here waiting on direct connections
+
+    def add_waker(self, token: str, waker: Any) -> None:
+        with self.cond:
+            self.wakers.setdefault(token, set()).add(waker)
+
+    def remove_waker(self, token: str, waker: Any) -> None:
+        with self.cond:
+            ws = self.wakers.get(token)
+            if ws is not None:
+                ws.discard(waker)
+                if not ws:
+                    del self.wakers[token]
+
+    def _wake(self, token: str) -> None:
+        for w in self.wakers.get(token, ()):
+            w.poke()
 
     def deliver(self, token: str, step: int, dest: int, src: int, data: Any) -> None:
         with self.cond:
@@ -85,6 +103,7 @@ class Mailbox:
         with self.cond:
             _remember(self.aborted, token, reason)
             self.cond.notify_all()
+            self._wake(token)
 
     def started(self, key: Any, token: str) -> None:
         with self.cond:
@@ -100,6 +119,7 @@ class Mailbox:
             _remember(self.aborted, token, f"its task {key!r} was cancelled (its client left or released it)")
             _remember(self.cancelled, token, None)
             self.cond.notify_all()
+            self._wake(token)
 
     def running_loop(self, token: str) -> bool:
         """Whether a rank of loop ``token`` still runs on this worker."""
@@ -167,6 +187,10 @@ class Communicator:
     rank order.
     """
 
+    #: connections to the other tasks (all on this host), once made (:meth:`connect_direct`)
+    direct: _direct.Direct | None = None
+    _waker: _direct.Waker | None = None
+
     def __init__(self, token: str, rank: int, peers: Sequence[str], timeout: float | None) -> None:
         self.token = token
         self.rank = rank
@@ -176,6 +200,42 @@ class Communicator:
         self._step = 0
         self.worker = get_worker()  # the distributed.Worker this task runs on
         self.mailbox = mailbox(self.worker)
+
+    def connect_direct(self, timeout: float) -> bool:
+        """Connect to the loop's other tasks directly (:mod:`._direct`) when each runs in its own worker
+        process on this host; every task takes the same decision (an all-gather of whether its
+        connections were made). Returns whether the loop's all-gathers go over them from now on."""
+        if self.size < 2 or not _direct.same_host(self.peers):
+            return False
+        srv = path = direct = None
+        try:
+            srv, path = _direct.listen()
+        except OSError as e:
+            logger.debug("loop %s: no direct connections (%r)", self.token, e)
+        paths = self.allgather(path, timeout=timeout)
+        if all(paths):
+            try:
+                direct = _direct.connect(self.rank, paths, srv, timeout)
+            except (OSError, _direct.DirectError) as e:
+                logger.debug("loop %s: direct connections failed (%r)", self.token, e)
+        _direct.unlisten(srv, path)
+        if not all(self.allgather(direct is not None, timeout=timeout)):
+            if direct is not None:
+                direct.close()
+            return False
+        self.direct, self._waker = direct, _direct.Waker()
+        self.mailbox.add_waker(self.token, self._waker)
+        return True
+
+    def close(self) -> None:
+        """Close the direct connections (the loop's task ends)."""
+        if self.direct is not None:
+            self.direct.close()
+            self.direct = None
+        if self._waker is not None:
+            self.mailbox.remove_waker(self.token, self._waker)
+            self._waker.close()
+            self._waker = None
 
     @property
     def cancelled(self) -> bool:
@@ -196,6 +256,8 @@ class Communicator:
         the communicator's)."""
         step = self._step
         self._step += 1
+        if self.direct is not None:
+            return self._allgather_direct(step, value, timeout)
         me = self.worker.address
         box = self.mailbox
         sends = []
@@ -236,6 +298,23 @@ class Communicator:
                 raise CollectiveError(f"could not reach a peer: {e!r}") from e
         return [got[r] for r in range(self.size)]
 
+    def _allgather_direct(self, step: int, value: Any, timeout: float | None) -> list[Any]:
+        limit = self.timeout if timeout is None else timeout
+        deadline = None if limit is None else time.monotonic() + limit
+
+        def stopped() -> str | None:
+            with self.mailbox.cond:
+                return self.mailbox.aborted.get(self.token)
+
+        try:
+            return self.direct.allgather(step, value, self.size, self._waker, deadline, stopped)
+        except _direct.LoopStopped as e:
+            raise CollectiveError(f"loop stopped: {e}") from None
+        except TimeoutError as e:
+            raise CollectiveError(f"{e} within {limit:g} s (step {step})") from None
+        except _direct.DirectError as e:  # a peer's worker died, or its task ended
+            raise CollectiveError(f"lost the connection to {e}") from e
+
     def abort(self, reason: str) -> None:
         """Tell every task of the loop (this one included) to stop; best effort, does not wait."""
         self.mailbox.abort(self.token, reason)
@@ -256,16 +335,19 @@ class Stopped:
 
 
 def rank_task(key: Any, token: str, rank: int, peers: list[str], start_timeout: float, timeout: float | None,
-              func: Callable[..., Any], *args: Any) -> Any:
+              direct: bool, func: Callable[..., Any], *args: Any) -> Any:
     """The task ``key`` of rank ``rank`` of a loop on the workers: ``func(comm, *args)`` once every rank
     runs; a rank that fails (or is stopped, or whose task is cancelled) tells the others to stop. A
-    stopped rank returns :class:`Stopped`; any other exception is raised."""
+    stopped rank returns :class:`Stopped`; any other exception is raised. ``direct``: all-gather over
+    direct connections when every rank has its own worker on this host (:meth:`Communicator.connect_direct`)."""
     comm = Communicator(token, rank, peers, timeout)
     comm.mailbox.started(key, token)
     try:
         # every task must be running before any waits for another's work: a worker still busy
         # with other tasks ends the loop now (the caller falls back) instead of stalling it
         comm.allgather(None, timeout=start_timeout)
+        if direct:
+            comm.connect_direct(start_timeout)
         return func(comm, *args)
     except CollectiveError as e:  # a rank that starts after the loop was stopped stops in its first allgather
         comm.abort(str(e))
@@ -274,6 +356,7 @@ def rank_task(key: Any, token: str, rank: int, peers: list[str], start_timeout: 
         comm.abort(f"rank {rank} raised {e!r}")
         raise
     finally:
+        comm.close()
         comm.mailbox.finish(token, rank, key)
 
 
