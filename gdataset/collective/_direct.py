@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 from distributed.protocol import pickle
 
-__all__ = ["Direct", "DirectError", "LoopStopped", "Waker", "connect", "listen", "same_host", "unlisten"]
+__all__ = ["Direct", "DirectError", "LoopStopped", "Waker", "connect", "frames", "listen", "same_host", "unlisten"]
 
 _HEAD = struct.Struct("<qqq")  # step, number of frames, bytes of the frame lengths that follow
 _HELLO = struct.Struct("<q")  # the connecting task's rank
@@ -78,7 +78,8 @@ class Waker:
         self.w.close()
 
 
-def _frames(value: Any) -> list[memoryview]:
+def frames(value: Any) -> list[memoryview]:
+    """``value`` as pickle protocol 5 frames: the pickle, then its buffers (not copied)."""
     buffers: list = []
     try:
         head = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)
@@ -172,15 +173,15 @@ class Direct:
         for s in socks.values():
             s.setblocking(False)
 
-    def allgather(self, step: int, value: Any, size: int, waker: Waker, deadline: float | None,
-                  stopped: Callable[[], str | None]) -> list[Any]:
-        """Send ``value`` to every peer and receive theirs of step ``step``; values in rank order.
+    def allgather(self, step: int, frames: list[memoryview], value: Any, size: int, waker: Waker,
+                  deadline: float | None, stopped: Callable[[], str | None]) -> list[Any]:
+        """Send ``frames`` (:func:`frames` of what the peers get) to every peer and receive theirs of
+        step ``step``; values in rank order, ``value`` in this task's place.
 
         A step whose values all came completes even if the loop was stopped meanwhile; until then
         ``stopped()`` (the reason, or None) is checked whenever the waker is poked. Raises
         :class:`DirectError` (a peer's connection broke), ``TimeoutError`` naming the ranks still
         missing at ``deadline`` (``time.monotonic``), or :class:`LoopStopped` with the stop reason."""
-        frames = _frames(value)
         outs = {r: _Out(step, frames) for r in self.socks}
         ins = {r: _In() for r in self.socks}
         got: dict[int, Any] = {self.rank: value}

@@ -62,6 +62,15 @@ def _remember(d: OrderedDict, key: Any, value: Any) -> None:
         d.popitem(last=False)
 
 
+#: values whose frames take more than this many bytes go through distributed's worker RPC also when
+#: the tasks are connected directly (measured here: 8 MB in ~13 ms by RPC, ~25 ms over a Unix socket)
+_DIRECT_MAX = 512 * 1024
+
+
+class _ViaRPC:
+    """What a task sends over its direct connections when its value of the step went by RPC."""
+
+
 class Mailbox:
     """The messages of loops on one worker. A worker may run several ranks of one loop (several
     threads, or ``processes=False``): every message is addressed to one rank, and each rank's end is
@@ -259,44 +268,53 @@ class Communicator:
         if self.direct is not None:
             return self._allgather_direct(step, value, timeout)
         me = self.worker.address
-        box = self.mailbox
         sends = []
         wire = None
         for r, addr in enumerate(self.peers):
             if r == self.rank:
                 continue
             if addr == me:  # a rank on this worker
-                box.deliver(self.token, step, r, self.rank, value)
+                self.mailbox.deliver(self.token, step, r, self.rank, value)
             else:
                 if wire is None:
                     wire = pack(value)
                 data, packed = wire
                 sends.append(self._send(addr, protocol.HANDLER_COLLECTIVE, token=self.token, step=step, dest=r,
                                         src=self.rank, data=data, packed=packed))
-        box.deliver(self.token, step, self.rank, self.rank, value)
+        self.mailbox.deliver(self.token, step, self.rank, self.rank, value)
         limit = self.timeout if timeout is None else timeout
         deadline = None if limit is None else time.monotonic() + limit
+        got = self._wait_box(step, range(self.size), deadline, limit)
+        self._sent(sends)
+        return [got[r] for r in range(self.size)]
+
+    def _wait_box(self, step: int, ranks: Any, deadline: float | None, limit: float | None) -> dict[int, Any]:
+        """The values of ``ranks`` for ``step`` that came through the mailbox, once all are there."""
+        box = self.mailbox
+        want = set(ranks)
         key = (self.token, step, self.rank)
         with box.cond:
             while True:
                 got = box.box.get(key, {})
-                if len(got) == self.size:  # a step whose values all came is complete, even in a loop stopped
-                    del box.box[key]       # meanwhile (a rank slow to wake checkpoints it; the next step stops)
-                    break
+                if want <= set(got):  # a step whose values all came is complete, even in a loop stopped
+                    del box.box[key]  # meanwhile (a rank slow to wake checkpoints it; the next step stops)
+                    return got
                 if self.token in box.aborted:
                     raise CollectiveError(f"loop stopped: {box.aborted[self.token]}")
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    missing = sorted(set(range(self.size)) - set(got))
+                    missing = sorted(want - set(got))
                     raise CollectiveError(f"no value from rank(s) {missing} of {self.size} within {limit:g} s "
                                           f"(step {step})")
                 box.cond.wait(left if left is not None else 1.0)
+
+    @staticmethod
+    def _sent(sends: list) -> None:
         for s in sends:  # a peer that could not be reached: stop here, not in the next step
             try:
                 s.result()
             except Exception as e:  # noqa: BLE001 - any failure to deliver ends the loop
                 raise CollectiveError(f"could not reach a peer: {e!r}") from e
-        return [got[r] for r in range(self.size)]
 
     def _allgather_direct(self, step: int, value: Any, timeout: float | None) -> list[Any]:
         limit = self.timeout if timeout is None else timeout
@@ -306,8 +324,24 @@ class Communicator:
             with self.mailbox.cond:
                 return self.mailbox.aborted.get(self.token)
 
+        frames = _direct.frames(value)
+        sends = []
+        if sum(f.nbytes for f in frames) > _DIRECT_MAX:  # large: distributed's serialization carries it (it
+            data, packed = pack(value)                     # moves megabytes faster than the socket's small
+            for r, addr in enumerate(self.peers):          # buffers), the socket a note to look there
+                if r != self.rank:
+                    sends.append(self._send(addr, protocol.HANDLER_COLLECTIVE, token=self.token, step=step, dest=r,
+                                            src=self.rank, data=data, packed=packed))
+            frames = _direct.frames(_ViaRPC())
         try:
-            return self.direct.allgather(step, value, self.size, self._waker, deadline, stopped)
+            got = self.direct.allgather(step, frames, value, self.size, self._waker, deadline, stopped)
+            via = [r for r, v in enumerate(got) if isinstance(v, _ViaRPC)]
+            if via:
+                box = self._wait_box(step, via, deadline, limit)
+                for r in via:
+                    got[r] = box[r]
+            self._sent(sends)
+            return got
         except _direct.LoopStopped as e:
             raise CollectiveError(f"loop stopped: {e}") from None
         except TimeoutError as e:
