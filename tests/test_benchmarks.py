@@ -45,6 +45,7 @@ CASES = {
     "decomposition": ["--quick", "--rows", "3000", "--features", "8", "--components", "3"],
     "linear_model": ["--quick", "--rows", "3000", "--features", "8"],
     "mixture": ["--quick", "--rows", "3000", "--features", "3", "--components", "3"],
+    "collective": ["--steps", "5", "--repeat", "1", "--rows", "4000", "--features", "4", "--clusters", "3"],
     "incremental": ["--rows", "4000", "--features", "4", "--blocks", "4", "--iterations", "3", "--refit-blocks", "8",
                     "--refit-block-rows", "100", "--nodes", "4000", "--graph-blocks", "2", "--p-back", "0.05"],
 }
@@ -153,6 +154,16 @@ def _check_lstm(d):
     assert ag["a_b_first_epoch_loss"] is True and ag["a_b_max_rel_loss_diff"] < 1e-3  # the same batches
 
 
+def _check_collective(d):
+    sizes = [r["bytes"] for r in d["allgather"]]
+    assert sizes == sorted(sizes) and len(sizes) >= 3
+    for r in d["allgather"]:  # each transport was the one asked for
+        assert r["direct_connected"] is True and r["rpc_connected"] is False
+        assert r["ratio"] == r["direct_median_ms"] / r["rpc_median_ms"] > 0
+    assert {r["fit"] for r in d["fits"]} == {"KMeans", "LogisticRegression"}
+    assert all(r["mode"] == "workers" and r["rpc_s"] > 0 and r["direct_s"] > 0 for r in d["fits"])
+
+
 def _check_agreement(column, bound):
     def check(d):
         names = {r["name"].split()[0] for r in d["results"]}
@@ -168,7 +179,7 @@ CHECKS = {"decomposition": _check_agreement("var rel diff", 1e-6),
           "mixture": _check_agreement("means rel diff", 1e-6),
           "window": _check_window, "lstm": _check_lstm, "sharing": _check_sharing, "logistic": _check_logistic,
           "incremental": _check_incremental, "load_balance": _check_load_balance, "cycles": _check_cycles,
-          "chaos": _check_chaos}
+          "chaos": _check_chaos, "collective": _check_collective}
 
 
 @pytest.mark.slow

@@ -11,10 +11,12 @@ Every worker then combines the same partials in the same order, so all of them c
 next iterate without the client.
 
 The messages go through a handler that the ``gdask-collective`` worker plugin adds to each worker
-(:func:`gdask.scheduling.ensure_plugins`, once per client). A loop that cannot run this way, because a worker is
-busy with other tasks when it starts, leaves, or raises, ends with :class:`CollectiveError` on the
-client after every task of the loop was told to stop: the caller then runs its ordinary
-graph-per-iteration loop, with the same result.
+(:func:`gdask.scheduling.ensure_plugins`, once per client); when every task has its own worker
+process on one host, the tasks connect to each other over Unix sockets when the loop starts and
+all-gather small values over them (:mod:`._direct`, config ``gdask.collective.direct``).
+A loop that cannot run this way, because a worker is busy with other tasks when it starts, leaves,
+or raises, ends with :class:`CollectiveError` on the client after every task of the loop was told to
+stop: the caller then runs its ordinary graph-per-iteration loop, with the same result.
 """
 
 from __future__ import annotations

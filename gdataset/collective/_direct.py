@@ -43,7 +43,10 @@ class LoopStopped(RuntimeError):
 
 
 def same_host(addresses: Sequence[str]) -> bool:
-    """Whether ``addresses`` are distinct TCP workers of one host (the case direct connections serve)."""
+    """Whether ``addresses`` are distinct TCP workers of one host (the case direct connections serve)
+    and this platform has Unix sockets."""
+    if not hasattr(socket, "AF_UNIX"):
+        return False
     hosts = set()
     for a in addresses:
         if not a.startswith("tcp://"):
