@@ -27,15 +27,21 @@ from typing import Any, Callable, Sequence
 
 from distributed.protocol import pickle
 
-__all__ = ["Direct", "DirectError", "LoopStopped", "Waker", "connect", "frames", "listen", "same_host", "unlisten"]
+__all__ = ["Direct", "DirectError", "LoopStopped", "PeerCancelled", "Waker", "connect", "frames", "listen",
+           "same_host", "unlisten"]
 
 _HEAD = struct.Struct("<qqq")  # step, number of frames, bytes of the frame lengths that follow
+_CANCELLED = -1  # the step of the header a cancelled task sends its peers before it closes
 _HELLO = struct.Struct("<q")  # the connecting task's rank
 _CHUNK = 1 << 20  # bytes per send call (large frames go in pieces, so receiving and sending interleave)
 
 
 class DirectError(ConnectionError):
     """A peer's connection broke, or a message was not what the protocol expects."""
+
+
+class PeerCancelled(DirectError):
+    """A peer's task was cancelled (the loop's client left or released it)."""
 
 
 class LoopStopped(RuntimeError):
@@ -153,6 +159,8 @@ class _In:
             # this part is complete: move to the next
             if self.index < 0:
                 self.step, self.count, nlen = _HEAD.unpack(self.head)
+                if self.step == _CANCELLED:
+                    raise PeerCancelled("its task was cancelled")
                 if self.count < 1 or nlen != 8 * self.count:
                     raise DirectError(f"bad message header (step {self.step}, {self.count} frames)")
                 self.lengths = bytearray(nlen)
@@ -205,7 +213,7 @@ class Direct:
                         try:
                             done = ins[r].recv(s)
                         except DirectError as e:
-                            raise DirectError(f"rank {r}: {e}") from None
+                            raise type(e)(f"rank {r}: {e}") from None
                         if done:
                             if ins[r].step != step:
                                 raise DirectError(f"rank {r} sent step {ins[r].step} during step {step}")
@@ -232,6 +240,15 @@ class Direct:
         finally:
             sel.close()
         return [got[r] for r in range(size)]
+
+    def notify_cancelled(self) -> None:
+        """Tell every peer (best effort, without waiting) that this task was cancelled."""
+        head = _HEAD.pack(_CANCELLED, 0, 0)
+        for s in self.socks.values():
+            try:
+                s.send(head)
+            except OSError:  # a full buffer (the peer reads no more) or a closed peer: it learns otherwise
+                pass
 
     def close(self) -> None:
         for s in self.socks.values():

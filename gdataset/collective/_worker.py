@@ -120,12 +120,18 @@ class Mailbox:
 
     def cancel(self, key: Any) -> None:
         """The task ``key`` was released while it ran (its client left, or cancelled it): if it is a
-        rank of a loop, stop the loop's ranks here (unless something stopped them already)."""
+        rank of a loop, stop the loop's ranks here."""
         with self.cond:
             token = self.running.get(key)
-            if token is None or token in self.aborted:
-                return
-            _remember(self.aborted, token, f"its task {key!r} was cancelled (its client left or released it)")
+        if token is not None:
+            self.cancel_loop(token, f"its task {key!r} was cancelled (its client left or released it)")
+
+    def cancel_loop(self, token: str, reason: str) -> None:
+        """Loop ``token`` was cancelled (a task of it was released while it ran: its client is gone or
+        released the fit, and releases every task of the loop): stop its ranks here, and nobody
+        resumes from their state. Also when something stopped the loop before (the reason stays)."""
+        with self.cond:
+            _remember(self.aborted, token, reason)
             _remember(self.cancelled, token, None)
             self.cond.notify_all()
             self._wake(token)
@@ -148,8 +154,11 @@ class Mailbox:
         self.deliver(token, step, dest, src, pickle.loads(data) if packed else data)
         return "OK"
 
-    async def handle_abort(self, token: str = "", reason: str = "") -> str:
-        self.abort(token, reason)
+    async def handle_abort(self, token: str = "", reason: str = "", cancelled: bool = False) -> str:
+        if cancelled:
+            self.cancel_loop(token, reason)
+        else:
+            self.abort(token, reason)
         return "OK"
 
 
@@ -237,8 +246,11 @@ class Communicator:
         return True
 
     def close(self) -> None:
-        """Close the direct connections (the loop's task ends)."""
+        """Close the direct connections (the loop's task ends); a cancelled loop tells its peers first,
+        so that they too know nobody resumes it (the scheduler's word may reach them later)."""
         if self.direct is not None:
+            if self.cancelled:
+                self.direct.notify_cancelled()
             self.direct.close()
             self.direct = None
         if self._waker is not None:
@@ -346,15 +358,23 @@ class Communicator:
             raise CollectiveError(f"loop stopped: {e}") from None
         except TimeoutError as e:
             raise CollectiveError(f"{e} within {limit:g} s (step {step})") from None
+        except _direct.PeerCancelled as e:  # the loop was cancelled: this task's release is on its way
+            reason = f"{e} (its client left or released it)"
+            self.mailbox.cancel_loop(self.token, reason)
+            raise CollectiveError(f"loop stopped: {reason}") from None
         except _direct.DirectError as e:  # a peer's worker died, or its task ended
             raise CollectiveError(f"lost the connection to {e}") from e
 
     def abort(self, reason: str) -> None:
-        """Tell every task of the loop (this one included) to stop; best effort, does not wait."""
-        self.mailbox.abort(self.token, reason)
+        """Tell every task of the loop (this one included) to stop, and whether the loop was cancelled;
+        best effort, does not wait."""
+        cancelled = self.cancelled
+        if not cancelled:
+            self.mailbox.abort(self.token, reason)
         for addr in set(self.peers) - {self.worker.address}:
             try:
-                self._send(addr, protocol.HANDLER_COLLECTIVE_ABORT, token=self.token, reason=reason)
+                self._send(addr, protocol.HANDLER_COLLECTIVE_ABORT, token=self.token, reason=reason,
+                           cancelled=cancelled)
             except Exception as e:  # noqa: BLE001 - the peer may be gone
                 logger.debug("could not tell %s to stop loop %s: %r", addr, self.token, e)
 

@@ -132,6 +132,29 @@ def test_a_closed_peer_ends_the_step():
         comm.allgather("rank 1 is gone")
 
 
+def test_a_cancelled_task_tells_its_peers_that_nobody_resumes_the_loop():
+    """The client left: the task that hears it first (its release) tells the others over the socket,
+    so they drop their state too, although their own release may come later (or, for a task that
+    already stopped, never reach it as a cancellation)."""
+    box0, box1 = Mailbox(), Mailbox()  # two workers
+    d0, d1 = _mesh(2)
+    comm0, comm1 = _comm("loop", 0, 2, d0, box0), _comm("loop", 1, 2, d1, box1)
+    box0.cancel_loop("loop", "its task 'kmeans-0' was cancelled")
+    assert comm0.cancelled and not comm1.cancelled
+    comm0.close()  # rank 0's task ends
+    with pytest.raises(CollectiveError, match="rank 0: its task was cancelled"):
+        comm1.allgather("rank 0 is gone")
+    assert comm1.cancelled
+
+
+def test_a_stopped_loop_whose_task_is_then_cancelled_counts_as_cancelled():
+    box = Mailbox()
+    box.started("kmeans-1", "loop")
+    box.abort("loop", "rank 0 raised")
+    box.cancel("kmeans-1")
+    assert "loop" in box.cancelled and box.aborted["loop"] == "rank 0 raised"
+
+
 def test_same_host():
     assert _direct.same_host(["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"])
     assert not _direct.same_host(["tcp://127.0.0.1:1", "tcp://127.0.0.1:1"])  # two ranks on one worker
