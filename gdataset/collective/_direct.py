@@ -222,7 +222,7 @@ class Direct:
                         if mask & selectors.EVENT_WRITE and r in outs and outs[r].send(s):
                             del outs[r]
                     except DirectError as e:
-                        raise DirectError(f"rank {r}: {e}") from None
+                        raise _why(r, s, e, at_boundary=r in got) from None
                     events = (0 if r in got else selectors.EVENT_READ) | (selectors.EVENT_WRITE if r in outs else 0)
                     if events:
                         sel.modify(s, events, r)
@@ -257,6 +257,19 @@ class Direct:
             except OSError:
                 pass
         self.socks = {}
+
+
+def _why(rank: int, sock: socket.socket, err: DirectError, at_boundary: bool) -> DirectError:
+    """The error to raise for a peer whose connection broke while this task sent to it: a peer that
+    was cancelled sent that word before it closed (after its value of the step, which came whole)."""
+    if at_boundary:
+        try:
+            _In().recv(sock)
+        except PeerCancelled as e:
+            return PeerCancelled(f"rank {rank}: {e}")
+        except DirectError:
+            pass
+    return DirectError(f"rank {rank}: {err}")
 
 
 def listen() -> tuple[socket.socket, str]:

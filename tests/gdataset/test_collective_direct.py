@@ -147,6 +147,26 @@ def test_a_cancelled_task_tells_its_peers_that_nobody_resumes_the_loop():
     assert comm1.cancelled
 
 
+def test_a_peer_cancelled_after_its_value_came_is_cancelled_not_lost():
+    """Rank 0 sent its value of the step, then its task was cancelled and it closed: rank 1 gets the
+    value, fails to send its own, and still learns that the loop was cancelled."""
+    box0, box1 = Mailbox(), Mailbox()
+    d0, d1 = _mesh(2)
+    comm0, comm1 = _comm("loop", 0, 2, d0, box0), _comm("loop", 1, 2, d1, box1)
+    big = np.zeros(40_000)  # 320 kB: more than the socket takes at once, so rank 1's send meets the closed peer
+    comm0.direct.socks[1].setblocking(True)
+    comm0.direct.socks[1].sendall(b"".join(bytes(f) for f in _parts(0, _direct.frames("from rank 0"))))
+    box0.cancel_loop("loop", "its task 'kmeans-0' was cancelled")
+    comm0.close()
+    with pytest.raises(CollectiveError, match="rank 0: its task was cancelled"):
+        comm1.allgather(big)
+    assert comm1.cancelled
+
+
+def _parts(step, frames):
+    return _direct._Out(step, frames).parts
+
+
 def test_a_stopped_loop_whose_task_is_then_cancelled_counts_as_cancelled():
     box = Mailbox()
     box.started("kmeans-1", "loop")
