@@ -65,6 +65,7 @@ def _remember(d: OrderedDict, key: Any, value: Any) -> None:
 #: values whose frames take more than this many bytes go through distributed's worker RPC also when
 #: the tasks are connected directly (measured here: 8 MB in ~13 ms by RPC, ~25 ms over a Unix socket)
 _DIRECT_MAX = 512 * 1024
+assert _DIRECT_MAX > _SMALL  # a direct value too large for the socket goes by RPC unpacked
 
 
 class _ViaRPC:
@@ -339,11 +340,11 @@ class Communicator:
         frames = _direct.frames(value)
         sends = []
         if sum(f.nbytes for f in frames) > _DIRECT_MAX:  # large: distributed's serialization carries it (it
-            data, packed = pack(value)                     # moves megabytes faster than the socket's small
-            for r, addr in enumerate(self.peers):          # buffers), the socket a note to look there
-                if r != self.rank:
+            data = to_serialize(value)                     # moves megabytes faster than the socket's small
+            for r, addr in enumerate(self.peers):          # buffers), the socket a note to look there; over
+                if r != self.rank:                         # pack's _SMALL, so not pickled again to size it
                     sends.append(self._send(addr, protocol.HANDLER_COLLECTIVE, token=self.token, step=step, dest=r,
-                                            src=self.rank, data=data, packed=packed))
+                                            src=self.rank, data=data, packed=False))
             frames = _direct.frames(_ViaRPC())
         try:
             got = self.direct.allgather(step, frames, value, self.size, self._waker, deadline, stopped)
