@@ -9,7 +9,7 @@ import gdask
 from gdask import DeviceMemoryError
 from gdask.devices import StateSpaces, asarray_like, context, current_device, to_numpy
 from gdask.ml import KMeans, kernels
-from gdask.ml.kernels import _common, _hamerly, _hamerly_cpu, _hamerly_xp
+from gdask.ml.kernels import _hamerly, _hamerly_cpu, _hamerly_xp
 
 
 def _fit_states(dask_worker=None) -> list:
@@ -72,9 +72,7 @@ def _steps(blk, centers_seq, use_xp):
         if use_xp:
             _hamerly_xp.step(blk, c, st, None)
         else:
-            drift, half, m1, d1, d2, cc = _common.center_geometry(c, st.centers)
-            _hamerly_cpu._step_numba(blk.T, None, c, st.labels, st.upper, st.lower, st.sums, st.counts, drift,
-                                     half, m1, d1, d2, cc, len(blk))
+            assert _hamerly_cpu.step(blk, c, st, None, len(blk)) >= 0
         st.centers = c
     return st
 

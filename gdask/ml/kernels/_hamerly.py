@@ -35,7 +35,7 @@ logger = logging.getLogger("gdask.ml")
 
 #: when more than this fraction of a block's rows must be looked at again (early iterations, when
 #: centers move a lot), a full tiled pass that rebuilds the bounds is cheaper than row by row: the
-#: step gives up as soon as it has met that many
+#: step gives up as soon as it has met that many (a backend's kernels may set their own)
 FULL_PASS_FRACTION = 0.2
 
 
@@ -99,7 +99,8 @@ def _update_state(blk: Any, centers: Any, token: str, w: Any) -> tuple[BlockBoun
     impl = _dispatch.kernels_for("hamerly", blk, clusters=cf.shape[0])
     if not full:
         # the CPU step gives up (-1) once too many rows fail their bounds: a full pass is cheaper
-        changed = impl.step(blk, cf, st, w, int(FULL_PASS_FRACTION * blk.shape[0]))
+        limit = int(getattr(impl, "FULL_PASS_FRACTION", FULL_PASS_FRACTION) * blk.shape[0])
+        changed = impl.step(blk, cf, st, w, limit)
         full = changed < 0
         if backend == "xp":  # new state arrays, on the device
             _charge(st)

@@ -3,8 +3,9 @@
 * :func:`first_pass`: a full tiled pass (the distance loop of the Lloyd kernel) that builds labels,
   both bounds, per-cluster sums and counts, ``sum w |x|^2`` and the farthest rows
   (:func:`_first_pass_numba`).
-* :func:`step`: one bounds step, row by row (:func:`_step_numba`); it gives up (returns -1) once too
-  many rows fail their bounds, when a full pass is cheaper.
+* :func:`step`: one bounds step (:func:`_step_numba`): the rows that fail their bounds go through the
+  full pass's tiled distance loop, gathered a tile at a time; it gives up (returns -1) once too many
+  rows fail their bounds, when a full pass is cheaper.
 * :func:`assigned_sqdist`: squared distance of each row to its labelled center (float64).
 """
 
@@ -30,14 +31,14 @@ from gdask.ml.kernels._cpu_common import (
     tile_distances,
 )
 
-__all__ = ["assigned_sqdist", "first_pass", "step"]
+__all__ = ["FULL_PASS_FRACTION", "assigned_sqdist", "first_pass", "step"]
 
-#: rows per tile of a bounds step, at most: the rows that fail their bounds are gathered feature by
-#: feature, and long tiles make each feature's reads one long forward stream that the hardware
-#: prefetches (short ones jump between features every few cache lines); capped so the gathered
-#: rows (float64) take at most ``_STEP_BUFFER`` bytes
-_STEP_TILE = 4096
-_STEP_BUFFER = 1 << 20
+#: a step gives up for a full pass beyond this fraction of rows failing their bounds: a failing row
+#: costs about twice a full pass's row (gathered feature by feature; the gathers touch most of the
+#: block's cache lines anyway), and the scan of the bounds ~15% of a full pass (measured on a
+#: 187,500 x 24 float32 block, K=20: a step at 30% took 7.0 ms, the full pass 11.3)
+FULL_PASS_FRACTION = 0.4
+
 #: a bounds step first looks at every this many rows: when the rows failing their bounds there
 #: (times this) exceed the step's limit, it gives up before moving anything
 _SCAN_STRIDE = 8
@@ -111,15 +112,20 @@ def _first_pass_numba(xt, w, centers, norms, sums, counts, labels, bounds, topv,
     return sxx
 
 
-@njit(nogil=True, fastmath={"reassoc", "contract"}, cache=True)
-def _step_numba(xt, w, cf, labels, upper, lower, sums, counts, drift, half, m1, d1, d2, cc,  # pragma: no cover
+@njit(nogil=True, fastmath=FASTMATH, cache=True)
+def _step_numba(xt, w, centers, norms, labels, upper, lower, sums, counts, drift, half, m1, d1, d2,  # pragma: no cover
                 limit):  # compiled
-    """One bounds step; ``looked`` > ``limit`` rows failing their bounds aborts it (returns changed = -1,
+    """One bounds step; more than ``limit`` rows failing their bounds aborts it (returns changed = -1,
     the state is then half moved and must be rebuilt by a full pass). A sample of every
-    :data:`_SCAN_STRIDE`-th row estimates ``looked`` first: above ``limit``, it aborts at once (the
-    state untouched)."""
+    :data:`_SCAN_STRIDE`-th row estimates that count first: above ``limit``, it aborts at once (the
+    state untouched).
+
+    The rows that fail their bounds are gathered, :data:`TILE` at a time, into a feature-major tile
+    and go through the full pass's tiled distance loop (``centers`` in the block's dtype): their
+    labels and both bounds come out as a full pass would make them, at the full pass's cost per row
+    (SIMD over rows) instead of a scalar loop over every center per row."""
     d, n = xt.shape
-    k = cf.shape[0]
+    k = centers.shape[0]
     if limit < n:  # a look at every 8th row first: most of them failing their bounds, give up now,
         est = 0    # before any distance work (a step that gave up half way cost as much as the full pass)
         for i in range(0, n, _SCAN_STRIDE):
@@ -127,86 +133,61 @@ def _step_numba(xt, w, cf, labels, upper, lower, sums, counts, drift, half, m1, 
             est += upper[i] + drift[a] > max(lower[i] - (d2 if a == m1 else d1), half[a])
         if est * _SCAN_STRIDE > limit:
             return -1, est * _SCAN_STRIDE
+    marg = (d + 8) * (1.1920929e-07 if xt.itemsize == 4 else 2.220446049250313e-16)
+    c2, cn, cmax = prepare_centers(centers, xt.dtype)
+    dist = np.empty((k, TILE), xt.dtype)
+    lab = np.empty(TILE, np.int32)
+    mind = np.empty(TILE, xt.dtype)
+    mind2 = np.empty(TILE, xt.dtype)
+    xg = np.empty((d, TILE), xt.dtype)  # the failing rows, feature-major
+    idx = np.empty(TILE, np.int64)
     changed = 0
     looked = 0
-    tile = max(64, min(_STEP_TILE, _STEP_BUFFER // (8 * max(d, 1))))
-    idx = np.empty(tile, np.int64)
-    zt = np.empty(tile, np.float64)
-    xb = np.empty((tile, d), np.float64)
-    for i0 in range(0, n, tile):
-        m = min(tile, n - i0)
+    i = 0
+    while i < n:
         cnt = 0
-        for i in range(i0, i0 + m):  # move the bounds by the drift; keep the rows they no longer settle
+        while i < n and cnt < TILE:  # move the bounds by the drift; keep the rows they no longer settle
             a = labels[i]
             u = upper[i] + drift[a]
             lo = lower[i] - (d2 if a == m1 else d1)
             upper[i] = u
             lower[i] = lo
-            z = max(lo, half[a])
-            if u > z:
+            if u > max(lo, half[a]):
                 idx[cnt] = i
-                zt[cnt] = z
                 cnt += 1
+            i += 1
         if cnt == 0:
             continue
         looked += cnt
         if looked > limit:  # most rows fail their bounds: a full pass is cheaper than this step
             return -1, looked
-        # gather those rows feature by feature: the block is feature-major, so each feature's part
-        # of the tile is one short contiguous read instead of d scattered loads per row
-        for j in range(d):
+        for j in range(d):  # one feature of every failing row, then the next: short forward reads
             xrow = xt[j]
+            grow = xg[j]
             for t in range(cnt):
-                xb[t, j] = xrow[idx[t]]
+                grow[t] = xrow[idx[t]]
+        tile_distances(xg, 0, cnt, c2, cn, dist)
+        tile_argmin2(dist, cnt, mind, mind2, lab)
         for t in range(cnt):
-            i = idx[t]
-            a = labels[i]
-            xr = xb[t]
-            ca = cf[a]
-            acc = 0.0
-            for j in range(d):
-                v = xr[j] - ca[j]
-                acc += v * v
-            u = np.sqrt(acc)
-            upper[i] = u
-            if u <= zt[t]:
-                continue
-            best = acc  # look at the other centers (squared distances; the root of the best two only)
-            bi = a
-            second = np.inf
-            skipped = np.inf
-            for c in range(k):
-                if c == a:
-                    continue
-                if cc[a, c] >= 2.0 * u:  # d(x, c) >= cc - u >= u: c cannot win (Elkan's pruning)
-                    skipped = min(skipped, cc[a, c] - u)  # ... and bounds d(x, c) from below
-                    continue
-                crow = cf[c]
-                acc = 0.0
-                for j in range(d):
-                    v = xr[j] - crow[j]
-                    acc += v * v
-                if acc < best or (acc == best and c < bi):
-                    second = best
-                    best = acc
-                    bi = c
-                elif acc < second:
-                    second = acc
-            best = np.sqrt(best)
-            second = min(np.sqrt(second), skipped)
-            upper[i] = best
-            lower[i] = second
-            if bi != a:
-                wi = 1.0 if w is None else w[i]
+            r = idx[t]
+            xn = norms[r]
+            rr = np.sqrt(xn) + cmax
+            e = marg * (rr * rr)
+            upper[r] = np.sqrt(max(xn + mind[t], 0.0) + e)
+            lower[r] = np.sqrt(max(xn + mind2[t] - e, 0.0))
+            a = labels[r]
+            b = lab[t]
+            if b != a:
+                wi = 1.0 if w is None else w[r]
                 sa = sums[a]
-                sb = sums[bi]
+                sb = sums[b]
                 for j in range(d):
-                    x = wi * xr[j]
+                    x = wi * xg[j, t]
                     sa[j] -= x
                     sb[j] += x
                 counts[a] -= wi
-                counts[bi] += wi
-                labels[i] = bi
+                counts[b] += wi
+                labels[r] = b
                 changed += 1
     return changed, looked
 
@@ -266,9 +247,9 @@ def step(blk: np.ndarray, cf: np.ndarray, st: BlockBounds, w: Any, limit: int) -
     """Bring the state from ``st.centers`` to ``cf`` in place (labels, bounds, sums, counts); returns
     the rows that changed cluster, or -1 when more than ``limit`` rows failed their bounds (the state
     is then half moved: rebuild it with :func:`first_pass`)."""
-    drift, half, m1, d1, d2, cc = center_geometry(cf, st.centers)
-    changed, _ = _step_numba(blk.T, _weights(w), cf, st.labels, st.upper, st.lower, st.sums, st.counts, drift,
-                             half, m1, d1, d2, cc, int(limit))
+    drift, half, m1, d1, d2, _ = center_geometry(cf, st.centers)
+    changed, _ = _step_numba(blk.T, _weights(w), np.ascontiguousarray(cf, dtype=blk.dtype), row_norms(blk),
+                             st.labels, st.upper, st.lower, st.sums, st.counts, drift, half, m1, d1, d2, int(limit))
     return changed
 
 
