@@ -4,9 +4,11 @@ Each row keeps its label, an upper bound on the distance to its center and a low
 distance to every other center (Hamerly, "Making k-means even faster", SDM 2010). When the centers
 move, the bounds move by at most the centers' drift; a row whose upper bound stays below its lower
 bound (and below half the distance from its center to the nearest other center) cannot change
-cluster and is not looked at again. Only the other rows get distances computed, exactly, in
-float64. Every block also keeps its per-cluster sums, moved row by row when a row changes cluster,
-so an iteration late in a fit touches a few bytes per row instead of the whole block.
+cluster and is not looked at again. Only the other rows get distances computed: on the GPU and
+the array-API path exactly, in float64; on the CPU through the full pass's tiled distance loop,
+with bounds widened by its rounding error. Every block also keeps its per-cluster sums, moved row
+by row when a row changes cluster, so an iteration late in a fit touches a few bytes per row
+instead of the whole block.
 
 The state lives with the worker that holds the block, in the worker's state space of the fit
 (:func:`gdask.devices.worker_state`, dropped by the iteration engine when the fit ends), keyed by
