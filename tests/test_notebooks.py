@@ -98,14 +98,66 @@ def for_backend(nb, backend: str):
     return nb
 
 
+#: seconds a cell may run before its kernel is interrupted (a cell takes under 30 s here, also under
+#: load): the KeyboardInterrupt's traceback, in the failure, shows where a stuck cell waited
+CELL_TIMEOUT = 150
+
+
+def _where(nb) -> str:
+    """The code cell of ``nb`` a dead or stuck kernel was in: the first that did not finish."""
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    i = next((i for i, c in enumerate(code) if c.get("execution_count") is None and not c.get("outputs")),
+             len(code) - 1)
+    return f"code cell {i + 1} of {len(code)} ({code[i].source.splitlines()[0][:60]!r})" if code else "no cell"
+
+
+def _exit_status(km) -> str:
+    """How a kernel process ended: its exit code, or the signal that killed it (SIGKILL: the
+    OOM killer or an outside kill; SIGSEGV/SIGABRT: a crash, whose stack PYTHONFAULTHANDLER wrote
+    to the test's captured stderr)."""
+    import signal
+
+    proc = getattr(getattr(km, "provisioner", None), "process", None)
+    code = proc.poll() if proc is not None else None
+    if code is None:
+        return "exit status unknown"
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+def _memory() -> str:
+    try:
+        info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+        return f"MemAvailable {info['MemAvailable'].strip()} of {info['MemTotal'].strip()}"
+    except (OSError, KeyError, ValueError):
+        return "memory unknown"
+
+
 async def _execute(nb, backend: str, where: Path) -> float:
+    from jupyter_client.manager import AsyncKernelManager
+
     where.mkdir()
-    env = dict(os.environ)
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")  # a crashing kernel writes its threads' stacks to stderr
     if backend != "emulated":  # the emulated kernel keeps the default backend ("auto": emulated without a GPU)
         env["DASK_GDASK__BACKEND"] = backend
+    km = AsyncKernelManager(kernel_name="python3")  # ours, to read the process's exit status if it dies
+    client = nbclient.NotebookClient(nb, km=km, timeout=CELL_TIMEOUT, interrupt_on_timeout=True,
+                                     resources={"metadata": {"path": str(where)}})
     t0 = time.perf_counter()
-    await nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                                  resources={"metadata": {"path": str(where)}}).async_execute(env=env)
+    try:
+        await client.async_execute(env=env)
+    except nbclient.exceptions.DeadKernelError as e:
+        raise nbclient.exceptions.DeadKernelError(
+            f"{e} in {_where(nb)} after {time.perf_counter() - t0:.1f} s: {_exit_status(km)}; {_memory()}") from e
+    finally:
+        if client.kc is not None:  # the client's channels (a kernel manager of ours keeps them open)
+            client.kc.stop_channels()
+        if km.has_kernel:
+            if await km.is_alive():
+                await km.shutdown_kernel(now=True)
+            else:
+                await km.cleanup_resources()
     return time.perf_counter() - t0
 
 
