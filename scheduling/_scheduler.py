@@ -31,30 +31,99 @@ logger = logging.getLogger("gdask.scheduling")
 __all__ = ["GPUPlacement", "is_gpu_task"]
 
 class GatherDuringRecompute(logging.Filter):
-    """Demotes to DEBUG the scheduler's "Couldn't gather keys: {key: state}" when every key is being
-    computed again (``waiting``, ``queued``, ``processing``, ``no-worker``): a client asked for a
-    result whose worker had just left, the scheduler recomputes it, and the client asks again once
-    it is back (distributed's ``Client._gather`` retries). Nothing is lost; the ERROR line only
-    alarms users of fits that survived a lost worker. A key that is still in memory (the worker
-    holding it did not answer), forgotten, released or erred keeps its ERROR. Stateless; installed
-    on ``distributed.scheduler`` by :class:`GPUPlacement`."""
+    """Demotes to DEBUG the scheduler's "Couldn't gather keys: {key: state}" when it only raced a
+    lost worker: a client asked for a result whose worker had just left, the scheduler computes it
+    again, and the client asks again once it is back (distributed's ``Client._gather`` retries).
+    Nothing is lost; the ERROR line only alarms users of fits that survived a lost worker.
+
+    * Every key being computed again (``waiting``, ``queued``, ``processing``, ``no-worker``):
+      demoted at once.
+    * Keys still ``memory`` (the rest being computed again): the worker holding them did not answer,
+      most often because it died a moment ago and the scheduler has not heard yet. With its
+      ``scheduler`` given, the filter holds such a record until every worker that held those keys has
+      left (:meth:`worker_left`, then demoted) or ``settle`` seconds passed (config
+      ``gdask.timeouts.gather-settle``; then it is logged as the ERROR it was if one of them is
+      still there). :meth:`close` settles what is held: nothing is dropped.
+    * Anything else (forgotten, released, erred keys; no scheduler) keeps its ERROR.
+
+    One per :class:`GPUPlacement`, installed on ``distributed.scheduler`` at its start."""
 
     MESSAGE = "Couldn't gather keys"
     RECOMPUTING = frozenset({"waiting", "queued", "processing", "no-worker"})
 
+    def __init__(self, scheduler: Any = None, settle: float = 10.0) -> None:
+        super().__init__()
+        self.scheduler, self.settle = scheduler, settle
+        self._held: dict[int, tuple[logging.LogRecord, set[str], Any]] = {}  # id -> (record, holders, timer)
+
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.ERROR and str(record.msg).startswith(self.MESSAGE):
-            states = record.args[0] if isinstance(record.args, tuple) and record.args else record.args
-            if isinstance(states, dict) and states and set(states.values()) <= self.RECOMPUTING:
-                # handlers at level NOTSET (distributed's own) would print a relabelled record: it is
-                # kept only where the logger is set to show DEBUG
-                record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-                return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
-        return True
+        if getattr(record, "gdask_settled", False) or record.levelno < logging.ERROR \
+                or not str(record.msg).startswith(self.MESSAGE):
+            return True
+        states = record.args[0] if isinstance(record.args, tuple) and record.args else record.args
+        if not isinstance(states, dict) or not states:
+            return True
+        if set(states.values()) <= self.RECOMPUTING:
+            return self._demote(record)
+        holders = self._holders(states)
+        if holders is None:
+            return True
+        try:
+            timer = asyncio.get_running_loop().call_later(self.settle, self._settle, id(record))
+        except RuntimeError:  # not on the scheduler's event loop: nothing to wait with
+            return True
+        self._held[id(record)] = (record, holders, timer)
+        return False
 
+    def _holders(self, states: dict) -> set[str] | None:
+        """The workers holding this record's ``memory`` keys, when every other key is being computed
+        again and the scheduler knows them all; else None (the record stays an ERROR)."""
+        tasks = getattr(self.scheduler, "tasks", None)
+        if tasks is None or not set(states.values()) <= self.RECOMPUTING | {"memory"}:
+            return None
+        holders: set[str] = set()
+        for key, state in states.items():
+            if state == "memory":
+                ts = tasks.get(key)
+                if ts is None or not ts.who_has:
+                    return None
+                holders |= {ws.address for ws in ts.who_has}
+        return holders
 
-#: one filter per process (``addFilter`` adds an equal filter once)
-GATHER_DURING_RECOMPUTE = GatherDuringRecompute()
+    @staticmethod
+    def _demote(record: logging.LogRecord) -> bool:
+        # handlers at level NOTSET (distributed's own) would print a relabelled record: it is kept
+        # only where the logger is set to show DEBUG
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+    def worker_left(self, address: str) -> None:
+        """A worker left the cluster: held records whose holders have all left are demoted now."""
+        for rid, (record, holders, timer) in list(self._held.items()):
+            holders.discard(address)
+            if not holders:
+                timer.cancel()
+                self._emit(rid, demote=True)
+
+    def _settle(self, rid: int) -> None:
+        held = self._held.get(rid)
+        if held is not None:
+            workers = getattr(self.scheduler, "workers", {})
+            self._emit(rid, demote=not any(a in workers for a in held[1]))
+
+    def _emit(self, rid: int, demote: bool) -> None:
+        record = self._held.pop(rid)[0]
+        record.gdask_settled = True
+        if demote and not self._demote(record):
+            return
+        logging.getLogger(record.name).handle(record)
+
+    def close(self) -> None:
+        """Settle every held record now (the scheduler is closing)."""
+        for rid, (_, _, timer) in list(self._held.items()):
+            timer.cancel()
+            self._settle(rid)
+
 
 #: states from which a task may still be (re-)placed
 _PLACEABLE = frozenset({"released", "waiting", "no-worker"})
@@ -166,6 +235,7 @@ class GPUPlacement(SchedulerPlugin):
         self.moves = 0  # blocks moved by rebalancing
         self.replaced = 0  # tasks re-placed after a worker died
         self.last_moves: list[tuple[str, str, str]] = []
+        self.gather_log: GatherDuringRecompute | None = None  # the scheduler log's filter (at start)
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self, scheduler: Any) -> None:
@@ -179,7 +249,13 @@ class GPUPlacement(SchedulerPlugin):
         from gdask.scheduling._dashboard import register
 
         register(scheduler)  # the /gdask page of the dashboard
-        logging.getLogger("distributed.scheduler").addFilter(GATHER_DURING_RECOMPUTE)
+        self.gather_log = GatherDuringRecompute(scheduler, settle=float(config.get("timeouts.gather-settle", 10)))
+        logging.getLogger("distributed.scheduler").addFilter(self.gather_log)
+
+    async def close(self) -> None:
+        if self.gather_log is not None:
+            logging.getLogger("distributed.scheduler").removeFilter(self.gather_log)
+            self.gather_log.close()
 
     def add_worker(self, scheduler: Any, worker: str) -> None:
         if self.placer is not None and worker in scheduler.workers:
@@ -201,6 +277,8 @@ class GPUPlacement(SchedulerPlugin):
             self.placer.set_memory_free(ws.address, total - used)
 
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
+        if self.gather_log is not None:
+            self.gather_log.worker_left(worker)
         if self.placer is None:
             return
         self.placer.remove_device(worker)

@@ -93,9 +93,38 @@ async def test_scheduler_preload_installs_placement(c, s, a):
 
 @gen_cluster(client=True, nthreads=[("", 1)], scheduler_kwargs={"preload": ["gdask.scheduling"]})
 async def test_the_placement_plugin_installs_the_gather_filter(c, s, a):
-    from gdask.scheduling._scheduler import GATHER_DURING_RECOMPUTE
+    plugin = s.plugins[GPUPlacement.name]
+    log = logging.getLogger("distributed.scheduler")
+    assert plugin.gather_log in log.filters and plugin.gather_log.scheduler is s  # its own, for its scheduler
+    assert plugin.gather_log.settle == 10  # config gdask.timeouts.gather-settle
+    await plugin.close()
+    assert plugin.gather_log not in log.filters
 
-    assert GATHER_DURING_RECOMPUTE in logging.getLogger("distributed.scheduler").filters
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 2, scheduler_kwargs={"preload": ["gdask.scheduling"]})
+async def test_a_gather_from_a_worker_that_died_is_an_error_only_if_the_worker_stays(c, s, a, b):
+    """The scheduler's own gather fails on a worker that does not answer (its process died; the
+    scheduler has not heard yet): no ERROR once the worker is known gone, the ERROR if it stays."""
+    from distributed.utils_test import captured_logger
+
+    s.plugins[GPUPlacement.name].gather_log.settle = 0.2
+    futs = [c.submit(np.full, 10, i, key=f"held-by-b-{i}", workers=[b.address]) for i in range(2)]
+    await c.gather(futs)
+
+    async def dead(comm, **kwargs):  # what a dead worker's peer sees: the connection goes away
+        comm.abort()
+
+    b.handlers["get_data"] = dead
+    with captured_logger("distributed.scheduler", level=logging.INFO) as log:
+        assert (await s.gather(keys=["held-by-b-0"]))["status"] == "error"
+        await asyncio.sleep(0.5)  # past the wait: b is still there
+    assert "Couldn't gather keys: {'held-by-b-0': 'memory'}" in log.getvalue()
+    with captured_logger("distributed.scheduler", level=logging.INFO) as log:
+        assert (await s.gather(keys=["held-by-b-1"]))["status"] == "error"
+        await s.remove_worker(b.address, stimulus_id="test-b-died", close=False)
+        await asyncio.sleep(0.5)
+    assert "Couldn't gather" not in log.getvalue()
+    assert not s.plugins[GPUPlacement.name].gather_log._held
 
 
 @gen_cluster(client=True, nthreads=[("", 1)] * 2)
@@ -289,3 +318,110 @@ def test_a_gather_racing_a_recomputation_is_not_an_error():
     finally:
         log.setLevel(old)
 
+
+
+
+class _Holder:
+    def __init__(self, address):
+        self.address = address
+
+
+class _Task:
+    def __init__(self, state, *holders):
+        self.state, self.who_has = state, {_Holder(a) for a in holders}
+
+
+class _Scheduler:
+    def __init__(self, tasks, workers):
+        self.tasks, self.workers = tasks, dict.fromkeys(workers)
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append((record.levelname, record.getMessage()))
+
+
+def _log_gathers(f, settle_for, *states_list, level=logging.INFO):
+    """Log "Couldn't gather keys" records through filter ``f`` on an event loop (as the scheduler
+    does), run ``settle_for(f)`` inside the loop, then: what reached the logger's handlers."""
+    import asyncio
+
+    log = logging.getLogger("distributed.scheduler")
+    handler, old = _Records(), log.level
+    log.addHandler(handler)
+    log.addFilter(f)
+    log.setLevel(level)
+
+    async def main():
+        for states in states_list:
+            log.error("Couldn't gather keys: %s", states)
+        await settle_for(f)
+
+    loop = asyncio.new_event_loop()  # not asyncio.run: it would leave the thread without an event loop
+    try:
+        loop.run_until_complete(main())
+        return handler.records
+    finally:
+        loop.close()
+        log.removeFilter(f)
+        log.removeHandler(handler)
+        log.setLevel(old)
+
+
+def test_a_gather_of_keys_whose_worker_died_is_not_an_error_once_it_is_known_gone():
+    import asyncio
+
+    from gdask.scheduling._scheduler import GatherDuringRecompute
+
+    tasks = {"x-1": _Task("memory", "tcp://a"), "x-2": _Task("memory", "tcp://b"), "x-3": _Task("waiting")}
+
+    async def a_leaves(f):  # the scheduler hears of the dead worker after the failed gather
+        await asyncio.sleep(0.05)
+        f.worker_left("tcp://a")
+        await asyncio.sleep(0.01)
+
+    f = GatherDuringRecompute(_Scheduler(tasks, ["tcp://a", "tcp://b"]), settle=30)
+    assert _log_gathers(f, a_leaves, {"x-1": "memory", "x-3": "waiting"}) == []  # demoted at once, not 30 s on
+    assert not f._held
+    f = GatherDuringRecompute(_Scheduler(tasks, ["tcp://a", "tcp://b"]), settle=30)
+    shown = _log_gathers(f, a_leaves, {"x-1": "memory"}, level=logging.DEBUG)
+    assert [lv for lv, _ in shown] == ["DEBUG"]  # asked for: shown, as DEBUG
+
+    async def settle(f):
+        await asyncio.sleep(0.3)
+
+    # the holder is still there when the wait ends: the ERROR it was, once
+    f = GatherDuringRecompute(_Scheduler(tasks, ["tcp://a", "tcp://b"]), settle=0.1)
+    shown = _log_gathers(f, settle, {"x-2": "memory"})
+    assert shown == [("ERROR", "Couldn't gather keys: {'x-2': 'memory'}")]
+    # gone from the scheduler's workers by then (no remove_worker seen): DEBUG
+    f = GatherDuringRecompute(_Scheduler(tasks, ["tcp://b"]), settle=0.1)
+    assert _log_gathers(f, settle, {"x-1": "memory"}) == []
+    # one of two holders left: still an error
+    tasks2 = {"y": _Task("memory", "tcp://a", "tcp://b")}
+    f = GatherDuringRecompute(_Scheduler(tasks2, ["tcp://a", "tcp://b"]), settle=0.1)
+
+    async def a_leaves_then_wait(f):
+        f.worker_left("tcp://a")
+        await asyncio.sleep(0.3)
+
+    assert [lv for lv, _ in _log_gathers(f, a_leaves_then_wait, {"y": "memory"})] == ["ERROR"]
+    # not this scheduler's keys, a lost key, no scheduler: ERROR at once, nothing held
+    for f, states in ((GatherDuringRecompute(_Scheduler({}, []), settle=30), {"z": "memory"}),
+                      (GatherDuringRecompute(_Scheduler(tasks, ["tcp://a"]), settle=30), {"x-1": "memory",
+                                                                                         "x-9": "forgotten"}),
+                      (GatherDuringRecompute(None, settle=30), {"x-1": "memory"})):
+        assert [lv for lv, _ in _log_gathers(f, settle, states)] == ["ERROR"]
+        assert not f._held
+
+    # the scheduler closes while a record is held: it is settled then, not dropped
+    async def close_now(f):
+        f.close()
+
+    f = GatherDuringRecompute(_Scheduler(tasks, ["tcp://a", "tcp://b"]), settle=30)
+    assert [lv for lv, _ in _log_gathers(f, close_now, {"x-2": "memory"})] == ["ERROR"]
+    assert not f._held
