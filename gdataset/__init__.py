@@ -7,7 +7,7 @@ names are re-exported here.
 
 from __future__ import annotations
 
-from gdask.gdataset._blocks import device_call, sum_parts
+from gdask.gdataset._blocks import device_call, moments, sum_parts
 from gdask.gdataset._channel import IterationChannel
 from gdask.gdataset._core import GDataSet
 from gdask.gdataset._creation import default_block_rows, from_array, from_dask_array, from_dataframe
@@ -40,6 +40,6 @@ __all__ = [
     "GDataSet", "GTracker", "IterateResult", "IterationChannel", "IterationContext", "IterativeAlgorithm",
     "LoopContext", "MODES", "Progress", "block_places", "block_workers", "default_block_rows",
     "default_client_or_none", "device_call", "device_share", "exceeds_devices", "from_array", "from_dask_array",
-    "from_dataframe", "groups_of", "incremental", "is_time_major", "iterate", "persisted_futures", "run_loop",
-    "run_on_workers", "sum_parts", "time_major",
+    "from_dataframe", "groups_of", "incremental", "is_time_major", "iterate", "moments", "persisted_futures",
+    "run_loop", "run_on_workers", "sum_parts", "time_major",
 ]

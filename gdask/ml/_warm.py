@@ -12,11 +12,22 @@ other threads (a worker's tasks) see.
 config ``gdask.plugins.worker``, entry ``gdask.ml:warm_kernels_plugin``; config
 ``gdask.ml.warm-kernels: false`` turns it off), so the first fit's iterations do not include compile
 time; :func:`wait_for_warm_kernels` waits for the workers' warm-ups and says how long they took.
+
+numba compiles under one process-wide lock. A worker compiling its kernels in a thread would hold it
+for seconds at a time (tens of seconds on a busy machine), and every task that needs a kernel not
+yet loaded, such as a GDataSet's ``mean``, would wait behind it. So a worker of NumPy blocks whose
+kernels are not in numba's on-disk cache yet (its last kernel compiles instead of loading) has a
+child process (``python -m gdask.ml._warm``) compile them into that cache, and then loads them in
+its thread, a few milliseconds of the lock per kernel. The child dies with its worker; when it fails
+or runs past ``gdask.timeouts.warm-kernels`` the thread compiles.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -69,6 +80,10 @@ def _calls(x: Any, host: np.ndarray) -> list[Callable[[], Any]]:
             lambda wv=wv: kernels.kernels_for("logistic", x, classes=3).loss_grad(x, y3, np.zeros((3, _D)),
                                                                                  np.zeros(3), wv),
         ]
+    if on_host:  # the GDataSet reductions' kernel (mean, var, std of a NumPy block's rows)
+        from gdask.gdataset import moments
+
+        calls.append(lambda: moments(x, 0))
     return [lambda: km.assign(x, c), *calls]
 
 
@@ -120,6 +135,18 @@ def warm_kernels(dtypes: tuple[str, ...] = ("float32", "float64"), backend: str 
     return time.perf_counter() - t0
 
 
+def _loads_from_cache() -> bool:
+    """Whether numba's on-disk cache holds the NumPy kernels: the warm-up's last kernel call (the
+    child compiles in the warm-up's order) is made here and loads from the cache without compiling.
+    A compilation by another thread meanwhile also answers False: a child then runs for nothing."""
+    from numba.core import event
+
+    x, host = _blocks(("float64",), "emulated")[0]
+    with event.install_recorder("numba:compile") as compiled:
+        _calls(x, host)[-1]()
+    return not compiled.buffer
+
+
 def _numba_backend(worker: Any) -> str | None:
     """Which of gdask's numba kernels the worker's device runs: "emulated" (NumPy blocks), "cuda"
     (CuPy blocks), or None (strict devices run the array API code)."""
@@ -136,9 +163,11 @@ def _numba_backend(worker: Any) -> str | None:
 class WarmKernels(WorkerPlugin):
     """Compile gdask.ml's kernels in a background thread when the worker starts.
 
-    The first fit's first calls wait for the compilation that is under way rather than starting
-    their own (numba compiles one function at a time), so this never costs a fit time; it takes
-    the compilation out of the timed iterations. :meth:`status` says how far it is.
+    On NumPy blocks a child process compiles them into numba's on-disk cache and the thread then
+    loads them, so the worker's tasks never wait behind the warm-up for numba's compile lock (a task
+    that needs a kernel before the child is done compiles it itself); on CuPy blocks the thread
+    compiles the numba.cuda kernels in the worker (a child would need a CUDA context of its own).
+    :meth:`status` says how far it is.
     """
 
     name = "gdask-warm-kernels"
@@ -150,6 +179,9 @@ class WarmKernels(WorkerPlugin):
         self.compiled = 0
         self.total: int | None = None
         self._done: threading.Event | None = None
+        self._lock = threading.Lock()
+        self._child: subprocess.Popen | None = None  # the process compiling into numba's cache
+        self._closed = False
 
     def __getstate__(self) -> dict:
         return {}
@@ -164,6 +196,11 @@ class WarmKernels(WorkerPlugin):
             self.seconds, self.total = 0.0, 0
             self._done.set()
             return
+        if backend == "emulated":
+            # the kernels' modules (and what they import, which may add warnings filters) are imported
+            # now, before the worker runs a task, so that the warm-up's thread changes nothing tasks see
+            host = np.asfortranarray(np.zeros((_N, _D)))
+            _calls(host, host)
         threading.Thread(target=self._run, args=(backend,), name="gdask-warm-kernels", daemon=True).start()
 
     def _progress(self, done: int, total: int) -> None:
@@ -172,13 +209,53 @@ class WarmKernels(WorkerPlugin):
     def _run(self, backend: str) -> None:
         t0 = time.perf_counter()
         try:
-            warm_kernels(backend=backend, progress=self._progress)
+            if backend == "emulated" and not _loads_from_cache():
+                self._compile_in_child()  # into numba's cache, by a child: this process's compile lock stays free
+            if not self._closed:
+                warm_kernels(backend=backend, progress=self._progress)  # loaded from that cache (or compiled)
         except Exception as e:  # noqa: BLE001 - a failed warm-up costs only time: the fit compiles then
             self.error = repr(e)
             logger.warning("gdask: compiling the kernels ahead failed (%r); the first fit compiles them", e)
         finally:
             self.seconds = time.perf_counter() - t0
             self._done.set()
+
+    def _compile_in_child(self) -> None:
+        """Compile the NumPy kernels into numba's on-disk cache in a child process, which dies with
+        this one (and at :meth:`teardown`); a child that fails or runs past
+        ``gdask.timeouts.warm-kernels`` is logged and this thread compiles instead."""
+        limit = float(config.get("timeouts.warm-kernels", 600))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # the worker's imports
+        with self._lock:
+            if self._closed:
+                return
+            self._child = subprocess.Popen(
+                [sys.executable, "-m", "gdask.ml._warm", "--parent", str(os.getpid())],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        child = self._child
+        try:
+            _, err = child.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.communicate()
+            logger.warning("gdask: compiling the kernels in a child process took over %g s "
+                           "(gdask.timeouts.warm-kernels); the worker compiles them", limit)
+            return
+        finally:
+            with self._lock:
+                self._child = None
+        if child.returncode != 0 and not self._closed:
+            tail = err.decode(errors="replace").strip().splitlines()[-3:]
+            logger.warning("gdask: compiling the kernels in a child process failed (exit status %s: %s); "
+                           "the worker compiles them", child.returncode, " | ".join(tail))
+
+    def teardown(self, worker: Any) -> None:
+        """Stop the compiling child, if any: nothing is left behind when the worker closes."""
+        with self._lock:
+            self._closed = True
+            child = self._child
+        if child is not None and child.poll() is None:
+            child.kill()
 
     def status(self) -> dict[str, Any]:
         """``done``, ``seconds`` (when done), ``error``, ``compiled`` kernel calls of ``total``."""
@@ -217,3 +294,43 @@ def wait_for_warm_kernels(client: Any, timeout: float = 300.0) -> dict[str, floa
             raise TimeoutError(f"workers still compiling gdask's kernels after {timeout:g} s: "
                                f"{sorted(w for w, s in status.items() if not s['done'])}")
         time.sleep(0.1)
+
+
+def _exit_with_parent(parent: int) -> None:
+    """In the compiling child: end when the worker that started it ends (at once on Linux, where the
+    kernel sends SIGKILL; elsewhere within half a second, by watching the parent's pid)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # pragma: no cover - no prctl: the watcher below is enough
+            pass
+    if os.getppid() != parent:  # the parent was gone before the child could ask to die with it
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="gdask-warm-parent").start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m gdask.ml._warm [--parent PID]``: compile the NumPy kernels into numba's on-disk
+    cache (what :class:`WarmKernels` runs in a child process)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m gdask.ml._warm", description=main.__doc__)
+    parser.add_argument("--parent", type=int, default=None, help="end when the process of this pid ends")
+    args = parser.parse_args(argv)
+    if args.parent is not None:
+        _exit_with_parent(args.parent)
+    warm_kernels(backend="emulated")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -112,7 +112,8 @@ def test_the_warm_up_changes_no_global_state_while_it_runs():
 
 @pytest.mark.timeout(600)  # the worker compiles every kernel from scratch
 def test_a_cluster_start_prints_nothing_and_tasks_see_the_workers_config(tmp_path):
-    """Workers compiling from scratch (an empty numba cache): a task that runs while they warm up
+    """Workers compiling from scratch (an empty numba cache): a child process compiles and the
+    worker's thread then only loads from numba's cache; a task that runs while they warm up
     sees its worker's config unchanged, the warnings filters are as before once it is done, and
     starting the cluster prints no warning. (While numba infers types it holds its own
     ``warnings.catch_warnings`` for a moment, in any thread that compiles; that is numba's, and
@@ -140,23 +141,98 @@ def test_a_cluster_start_prints_nothing_and_tasks_see_the_workers_config(tmp_pat
             return {"seen": sorted(seen), "after": after, "running": running, "status": plugin.status(),
                     "filters_kept": list(warnings.filters) == filters}
 
+        def dispatchers(dask_worker=None):
+            # per kernel the worker's thread has: (cache hits, cache misses) and the children left
+            import sys
+            import psutil
+            from numba.core.dispatcher import Dispatcher
+            out = {}
+            for name, mod in list(sys.modules.items()):
+                if mod is None or not name.startswith(("gdask.ml", "gdask.gdataset")):
+                    continue
+                for attr, obj in vars(mod).items():
+                    if isinstance(obj, Dispatcher) and obj.signatures:
+                        st = obj.stats
+                        out[f"{name}.{attr}"] = [sum(st.cache_hits.values()), sum(st.cache_misses.values())]
+            return {"kernels": out, "children": len(psutil.Process().children())}
+
         if __name__ == "__main__":
             with gdask.LocalGPUCluster(n_devices=1, backend="emulated", dashboard_address=":0") as cluster, \\
                     Client(cluster) as client:
                 futs = [client.submit(watch, pure=False, workers=[w]) for w in scheduler_workers(client)]
                 out = client.gather(futs)
                 wait_for_warm_kernels(client, timeout=500)
-            print(json.dumps(out))
+                loads = client.run(dispatchers)
+            print(json.dumps({"watch": out, "loads": loads}))
     """))
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=540,
                           env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = found["watch"]
+    for w in found["loads"].values():  # a child compiled: the worker's thread loaded gdask.ml's kernels from the cache
+        assert w["kernels"], "the worker has no kernel"
+        # the worker compiles one kernel itself, the warm-up's last (GDataSet's moments): it finds the cache cold
+        compiled_here = {k: v for k, v in w["kernels"].items()
+                         if (v[1] or not v[0]) and not k.startswith("gdask.gdataset._blocks.")}
+        assert not compiled_here, f"compiled by the worker itself (cache hits, misses): {compiled_here}"
+        assert w["children"] == 0, "the compiling child is still there"
     assert any(o["running"] > 0 for o in out), "no task ran during the warm-up: the test saw nothing"
     for o in out:
         assert all(s == o["after"] for s in o["seen"]) and o["filters_kept"], o
         assert o["status"]["error"] is None and o["status"]["compiled"] == o["status"]["total"] > 0
     assert "Warning" not in proc.stderr and "warning" not in proc.stderr.lower(), proc.stderr[-3000:]
+
+
+def test_the_compiling_child_dies_with_its_worker(tmp_path):
+    """A worker killed while its child process compiles the kernels (an empty numba cache) leaves
+    no process behind: the child ends with it."""
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent("""
+        import json, os, signal, time
+        import psutil
+        from distributed import Client
+        import gdask
+
+        def child_pid(dask_worker=None):
+            child = dask_worker.plugins["gdask-warm-kernels"]._child
+            return child.pid if child is not None else None
+
+        def gone(pid):
+            try:
+                return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return True
+
+        if __name__ == "__main__":
+            with gdask.LocalGPUCluster(n_devices=1, backend="emulated", dashboard_address=":0") as cluster, \\
+                    Client(cluster) as client:
+                pids, deadline = {}, time.monotonic() + 60
+                while not any(pids.values()) and time.monotonic() < deadline:
+                    pids = client.run(child_pid)
+                    time.sleep(0.02)
+                (worker, child), = pids.items()
+                if child is not None:
+                    os.kill(client.run(os.getpid)[worker], signal.SIGKILL)
+                    deadline = time.monotonic() + 60
+                    while not gone(child) and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                print(json.dumps({"child": child, "left": child is not None and not gone(child)}))
+    """))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["child"] is not None, "no compiling child was seen in the worker"
+    assert not out["left"], "the compiling child outlived its killed worker"
+
+
+def test_a_worker_whose_kernels_are_cached_starts_no_child():
+    """Once the kernels are in numba's cache the probe loads without compiling: no child runs."""
+    from gdask.ml._warm import _loads_from_cache
+
+    warm_kernels()  # compiled or loaded here: in the cache afterwards
+    assert _loads_from_cache()
 
 
 def test_strict_devices_skip_the_warm_up():
