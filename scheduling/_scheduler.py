@@ -538,8 +538,21 @@ class GPUPlacement(SchedulerPlugin):
             moved = sum(len(drop.get(None, ())) for drop in done)
             self.moves += moved
             logger.info("gdask: rebalanced %d blocks", moved)
-        except Exception:  # noqa: BLE001 - a failed move leaves data where it was; log it loudly
-            logger.exception("gdask: block rebalancing failed")
+        except Exception as e:  # noqa: BLE001 - a failed move leaves data where it was
+            if self._moves_overtaken(moves):  # the scheduler closes, or a worker of the moves left: nothing lost
+                logger.debug("gdask: block rebalancing stopped (%r): the scheduler closes or a worker left", e)
+            else:
+                logger.exception("gdask: block rebalancing failed")
+
+    def _moves_overtaken(self, moves: list[tuple[Any, list[str], str]]) -> bool:
+        """Whether a failed rebalance was overtaken by events (the scheduler closing, a worker of its
+        moves gone) rather than a fault to report."""
+        from distributed.core import Status
+
+        s = self.scheduler
+        if s.status in (Status.closing, Status.closed, Status.closing_gracefully, Status.failed):
+            return True
+        return any(a not in s.workers for _, holders, dst in moves for a in (*holders, dst))
 
     async def _move_to(self, dst: str, blocks: list[tuple[Any, list[str]]], stimulus_id: str) -> dict[Any, list]:
         """Copy ``blocks`` (``(key, holders)``) to ``dst``, then ask the other holders to drop their

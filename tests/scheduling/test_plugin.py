@@ -169,6 +169,28 @@ async def test_rebalance_switches_a_blocks_copies_in_one_step(c, s, a, b):
     assert await waiter == 2 and plugin.moves == 2
 
 
+@gen_cluster(client=True, nthreads=[("", 1)] * 2)
+async def test_a_rebalance_overtaken_by_a_lost_worker_is_no_error(c, s, a, b, caplog):
+    """A move whose worker left (or whose scheduler closes) meanwhile fails quietly: the blocks are
+    where they were, nothing to report; a move that fails with every worker there is an ERROR."""
+    await c.register_plugin(GPUPlacement())
+    plugin = s.plugins[GPUPlacement.name]
+
+    async def fail(*args):
+        raise OSError("ConnectionPool is closed")
+
+    plugin._move_to = fail
+    plugin.plan_moves = lambda: [(("blk", 0), [a.address], b.address)]
+    with caplog.at_level(logging.DEBUG, logger="gdask"):
+        await plugin._rebalance()
+    assert [r.levelno for r in caplog.records if "rebalancing" in r.getMessage()] == [logging.ERROR]
+    caplog.clear()
+    plugin.plan_moves = lambda: [(("blk", 0), [a.address], "tcp://127.0.0.1:1")]  # a worker that left
+    with caplog.at_level(logging.DEBUG, logger="gdask"):
+        await plugin._rebalance()
+    assert [r.levelno for r in caplog.records if "rebalancing" in r.getMessage()] == [logging.DEBUG]
+
+
 def test_worker_preload_gives_a_device_and_reports_it():
     from distributed import Scheduler, Worker
 
