@@ -252,6 +252,13 @@ class GPUPlacement(SchedulerPlugin):
         self.gather_log = GatherDuringRecompute(scheduler, settle=float(config.get("timeouts.gather-settle", 10)))
         logging.getLogger("distributed.scheduler").addFilter(self.gather_log)
 
+    async def before_close(self) -> None:
+        """Stop a rebalance under way: its workers are about to close (the blocks stay where they are)."""
+        task, self.rebalance = self._rebalancing, False
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
     async def close(self) -> None:
         if self.gather_log is not None:
             logging.getLogger("distributed.scheduler").removeFilter(self.gather_log)
