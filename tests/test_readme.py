@@ -55,7 +55,7 @@ def _start(code: str, backend: str, where: Path) -> subprocess.Popen:
     where.mkdir()
     script = where / "block.py"
     script.write_text(for_backend(code, backend))
-    env = {**os.environ, "GDASK_DOCS_SMALL": "1", "PYTHONWARNINGS": "ignore",
+    env = {**os.environ, "GDASK_DOCS_SMALL": "1", "PYTHONWARNINGS": "ignore", "PYTHONFAULTHANDLER": "1",
            "DASK_DISTRIBUTED__SCHEDULER__DASHBOARD_ADDRESS": ":0"}
     if backend != "emulated":  # the emulated run keeps the default backend ("auto": emulated without a GPU)
         env["DASK_GDASK__BACKEND"] = backend
@@ -63,13 +63,50 @@ def _start(code: str, backend: str, where: Path) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
+#: seconds both runs of a block may take together: under pytest-timeout's 300, so that a run that
+#: does not finish is reported with where it was
+BUDGET = 270
+
+
+def _stop_with_stacks(proc: subprocess.Popen) -> tuple[str, str]:
+    """SIGABRT to a run that is out of time and to its workers (PYTHONFAULTHANDLER: each prints
+    every thread's stack to the run's stderr), then its output."""
+    import signal
+
+    import psutil
+
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
+    for p in [*tree, proc]:
+        try:
+            os.kill(p.pid, signal.SIGABRT)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        return proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate()
+
+
 @pytest.mark.parametrize("code", [c for _, c in BLOCKS], ids=[i for i, _ in BLOCKS])
 def test_readme_block_runs_as_a_script(code, tmp_path):
+    import time
+
+    deadline = time.monotonic() + BUDGET
     procs = {b: _start(code, b, tmp_path / b) for b in BACKENDS}
     failed = []
     try:
         for backend, proc in procs.items():
-            out, err = proc.communicate(timeout=300)
+            try:
+                out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                out, err = _stop_with_stacks(proc)
+                failed.append(f"--- on {backend}: not done within {BUDGET} s (the stacks at that moment are "
+                              f"below):\n{out[-3000:]}\n{err[-12000:]}".strip())
+                continue
             if proc.returncode != 0:
                 failed.append(f"--- on {backend} (exit {proc.returncode}):\n{out[-3000:]}\n{err[-4000:]}".strip())
     finally:
