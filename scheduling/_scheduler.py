@@ -532,6 +532,7 @@ class GPUPlacement(SchedulerPlugin):
         return moves
 
     async def _rebalance(self) -> None:
+        moves: list[tuple[Any, list[str], str]] = []  # what the except below asks about when planning failed
         try:
             moves = self.plan_moves()
             if not moves:

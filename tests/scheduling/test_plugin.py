@@ -189,6 +189,15 @@ async def test_a_rebalance_overtaken_by_a_lost_worker_is_no_error(c, s, a, b, ca
     with caplog.at_level(logging.DEBUG, logger="gdask"):
         await plugin._rebalance()
     assert [r.levelno for r in caplog.records if "rebalancing" in r.getMessage()] == [logging.DEBUG]
+    caplog.clear()
+
+    def bad_plan():
+        raise ValueError("no plan")
+
+    plugin.plan_moves = bad_plan  # a failure before any move: an ERROR, with every worker there
+    with caplog.at_level(logging.DEBUG, logger="gdask"):
+        await plugin._rebalance()
+    assert [r.levelno for r in caplog.records if "rebalancing" in r.getMessage()] == [logging.ERROR]
 
 
 def test_worker_preload_gives_a_device_and_reports_it():
