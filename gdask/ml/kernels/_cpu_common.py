@@ -173,6 +173,65 @@ def tile_argmin2(dist, m, mind, mind2, lab):  # pragma: no cover - compiled
 
 
 @njit(inline="always")
+def tile_add_rows(xt, i0, m, w, lab, acc, counts):  # pragma: no cover - compiled
+    """Add the tile's rows ``i0 .. i0 + m`` (times ``w[i]`` when weighted) to ``acc[:, lab[i]]``,
+    ``acc`` the per-cluster sums feature-major (``(d, k)`` float64), and their weights to ``counts``.
+
+    Four features per pass over the tile: the reads are contiguous runs of a feature row (a
+    row-major scatter reads each row across ``d`` feature rows), and the four adds of a row go to
+    four independent accumulators. Each ``acc[j, c]`` still receives its rows in row order: the same
+    sums, bit for bit, as adding row after row."""
+    d = xt.shape[0]
+    j = 0
+    while j + 4 <= d:
+        x0 = xt[j, i0:i0 + m]
+        x1 = xt[j + 1, i0:i0 + m]
+        x2 = xt[j + 2, i0:i0 + m]
+        x3 = xt[j + 3, i0:i0 + m]
+        a0 = acc[j]
+        a1 = acc[j + 1]
+        a2 = acc[j + 2]
+        a3 = acc[j + 3]
+        for i in range(m):
+            li = lab[i]
+            if w is None:
+                a0[li] += x0[i]
+                a1[li] += x1[i]
+                a2[li] += x2[i]
+                a3[li] += x3[i]
+            else:
+                wi = w[i0 + i]
+                a0[li] += wi * x0[i]
+                a1[li] += wi * x1[i]
+                a2[li] += wi * x2[i]
+                a3[li] += wi * x3[i]
+        j += 4
+    while j < d:
+        x0 = xt[j, i0:i0 + m]
+        a0 = acc[j]
+        for i in range(m):
+            if w is None:
+                a0[lab[i]] += x0[i]
+            else:
+                a0[lab[i]] += w[i0 + i] * x0[i]
+        j += 1
+    for i in range(m):
+        if w is None:
+            counts[lab[i]] += 1.0
+        else:
+            counts[lab[i]] += w[i0 + i]
+
+
+@njit(inline="always")
+def acc_to_sums(acc, sums):  # pragma: no cover - compiled
+    """Write :func:`tile_add_rows`' feature-major ``acc`` into the ``(k, d)`` ``sums``."""
+    d, k = acc.shape
+    for c in range(k):
+        for j in range(d):
+            sums[c, j] = acc[j, c]
+
+
+@njit(inline="always")
 def exact_sqdist(xt, i, crow):  # pragma: no cover - compiled
     """``|x_i - c|^2`` without cancellation: differences in the block's dtype, summed in float64."""
     di = 0.0

@@ -21,12 +21,14 @@ from gdask.ml.kernels._common import N_FARTHEST, BlockBounds, center_geometry
 from gdask.ml.kernels._cpu_common import (
     FASTMATH,
     TILE,
+    acc_to_sums,
     exact_sqdist,
     expanded_error,
     keep_farthest,
     prepare_centers,
     row_norms,
     smallest,
+    tile_add_rows,
     tile_argmin2,
     tile_distances,
 )
@@ -39,9 +41,13 @@ __all__ = ["FULL_PASS_FRACTION", "assigned_sqdist", "first_pass", "step"]
 #: 187,500 x 24 float32 block, K=20: a step at 30% took 7.0 ms, the full pass 11.3)
 FULL_PASS_FRACTION = 0.4
 
-#: a bounds step first looks at every this many rows: when the rows failing their bounds there
-#: (times this) exceed the step's limit, it gives up before moving anything
+#: a bounds step first looks at one row in this many: when the rows failing their bounds there
+#: (scaled to the block) exceed the step's limit, it gives up before moving anything
 _SCAN_STRIDE = 8
+
+#: ... in runs of this many consecutive rows, one run every ``_SCAN_STRIDE`` runs: the look reads an
+#: eighth of the bounds' cache lines (every 8th row alone touched all of them: ~the cost of a full scan)
+_SCAN_RUN = 256
 
 
 @njit(nogil=True, fastmath=FASTMATH, cache=True)
@@ -58,6 +64,7 @@ def _first_pass_numba(xt, w, centers, norms, sums, counts, labels, bounds, topv,
     emarg = expanded_error(xt)
     cmax2 = cmax * cmax
     dist = np.empty((k, TILE), xt.dtype)
+    acc = np.zeros((d, k), np.float64)  # the sums, feature-major (tile_add_rows)
     lab = np.empty(TILE, np.int32)
     mind = np.empty(TILE, xt.dtype)
     mind2 = np.empty(TILE, xt.dtype)
@@ -85,18 +92,7 @@ def _first_pass_numba(xt, w, centers, norms, sums, counts, labels, bounds, topv,
         else:
             for i in range(m):
                 sxx += w[i0 + i] * xn[i]
-        for i in range(m):
-            li = lab[i]
-            srow = sums[li]
-            if w is None:
-                for j in range(d):
-                    srow[j] += xt[j, i0 + i]
-                counts[li] += 1.0
-            else:
-                wi = w[i0 + i]
-                for j in range(d):
-                    srow[j] += wi * xt[j, i0 + i]
-                counts[li] += wi
+        tile_add_rows(xt, i0, m, w, lab, acc, counts)
         top = -np.inf  # the farthest rows' screen, vectorised over the tile's rows (as the Lloyd kernel)
         for i in range(m):
             xn[i] = max(xn[i] + mind[i], 0.0) + emarg * (xn[i] + cmax2)
@@ -109,6 +105,7 @@ def _first_pass_numba(xt, w, centers, norms, sums, counts, labels, bounds, topv,
                 ex = exact_sqdist(xt, i0 + i, centers[li])
                 if ex > thr:
                     thr = keep_farthest(ex, i0 + i, li, topv, topi, topl)
+    acc_to_sums(acc, sums)
     return sxx
 
 
@@ -116,9 +113,9 @@ def _first_pass_numba(xt, w, centers, norms, sums, counts, labels, bounds, topv,
 def _step_numba(xt, w, centers, norms, labels, upper, lower, sums, counts, drift, half, m1, d1, d2,  # pragma: no cover
                 limit):  # compiled
     """One bounds step; more than ``limit`` rows failing their bounds aborts it (returns changed = -1,
-    the state is then half moved and must be rebuilt by a full pass). A sample of every
-    :data:`_SCAN_STRIDE`-th row estimates that count first: above ``limit``, it aborts at once (the
-    state untouched).
+    the state is then half moved and must be rebuilt by a full pass). A sample of one row in
+    :data:`_SCAN_STRIDE` (runs of :data:`_SCAN_RUN` rows) estimates that count first: above
+    ``limit``, it aborts at once (the state untouched).
 
     The rows that fail their bounds are gathered, :data:`TILE` at a time, into a feature-major tile
     and go through the full pass's tiled distance loop (``centers`` in the block's dtype): their
@@ -126,13 +123,16 @@ def _step_numba(xt, w, centers, norms, labels, upper, lower, sums, counts, drift
     (SIMD over rows) instead of a scalar loop over every center per row."""
     d, n = xt.shape
     k = centers.shape[0]
-    if limit < n:  # a look at every 8th row first: most of them failing their bounds, give up now,
-        est = 0    # before any distance work (a step that gave up half way cost as much as the full pass)
-        for i in range(0, n, _SCAN_STRIDE):
-            a = labels[i]
-            est += upper[i] + drift[a] > max(lower[i] - (d2 if a == m1 else d1), half[a])
-        if est * _SCAN_STRIDE > limit:
-            return -1, est * _SCAN_STRIDE
+    if limit < n:  # a look at one row in 8 first: most of them failing their bounds, give up now, before
+        est = 0    # any distance work (a step that gave up half way cost as much as the full pass)
+        seen = 0
+        for s0 in range(0, n, _SCAN_STRIDE * _SCAN_RUN):
+            for i in range(s0, min(s0 + _SCAN_RUN, n)):
+                a = labels[i]
+                est += upper[i] + drift[a] > max(lower[i] - (d2 if a == m1 else d1), half[a])
+            seen += min(_SCAN_RUN, n - s0)
+        if est * n > limit * seen:
+            return -1, (est * n) // seen
     marg = (d + 8) * (1.1920929e-07 if xt.itemsize == 4 else 2.220446049250313e-16)
     c2, cn, cmax = prepare_centers(centers, xt.dtype)
     dist = np.empty((k, TILE), xt.dtype)

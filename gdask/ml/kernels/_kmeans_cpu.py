@@ -17,12 +17,14 @@ from gdask.ml.kernels._common import N_FARTHEST
 from gdask.ml.kernels._cpu_common import (
     FASTMATH,
     TILE,
+    acc_to_sums,
     exact_sqdist,
     expanded_error,
     keep_farthest,
     prepare_centers,
     row_norms,
     smallest,
+    tile_add_rows,
     tile_argmin,
     tile_distances,
 )
@@ -32,7 +34,7 @@ __all__ = ["assign", "lloyd_partial"]
 
 @njit(nogil=True, fastmath=FASTMATH, cache=True)
 def _lloyd_stats(xt, w, centers, norms, sums, counts, topv, topi, topl):  # pragma: no cover - compiled
-    """Add the block's rows to ``sums`` / ``counts`` of their nearest centers; returns the inertia
+    """Set ``sums`` (zeros on entry) and add to ``counts`` the block's rows per nearest center; returns the inertia
     (from the expanded distances and ``norms``, |x|^2 per row in float64) and keeps the ``q`` rows
     farthest from their centers in ``topv`` / ``topi`` / ``topl``, ranked by their exact distances:
     a row whose expanded distance, widened by its rounding error, beats the nearest kept row gets its
@@ -43,6 +45,7 @@ def _lloyd_stats(xt, w, centers, norms, sums, counts, topv, topi, topl):  # prag
     marg = expanded_error(xt)
     cmax2 = cmax * cmax
     dist = np.empty((k, TILE), xt.dtype)
+    acc = np.zeros((d, k), np.float64)  # the sums, feature-major (tile_add_rows)
     lab = np.empty(TILE, np.int32)
     mind = np.empty(TILE, xt.dtype)
     di = np.empty(TILE, np.float64)  # the tile's squared distances (expanded), then their upper bounds
@@ -52,19 +55,7 @@ def _lloyd_stats(xt, w, centers, norms, sums, counts, topv, topi, topl):  # prag
         m = min(TILE, n - i0)
         tile_distances(xt, i0, m, c2, cn, dist)
         tile_argmin(dist, m, mind, lab)
-        # row-major scatter: consecutive adds hit different features, so no dependency chain
-        for i in range(m):
-            li = lab[i]
-            srow = sums[li]
-            if w is None:
-                for j in range(d):
-                    srow[j] += xt[j, i0 + i]
-                counts[li] += 1.0
-            else:
-                wi = w[i0 + i]
-                for j in range(d):
-                    srow[j] += wi * xt[j, i0 + i]
-                counts[li] += wi
+        tile_add_rows(xt, i0, m, w, lab, acc, counts)
         # the inertia and the farthest rows' screen, vectorised over the tile's rows
         for i in range(m):
             di[i] = max(norms[i0 + i] + mind[i], 0.0)
@@ -86,6 +77,7 @@ def _lloyd_stats(xt, w, centers, norms, sums, counts, topv, topi, topl):  # prag
                 ex = exact_sqdist(xt, i0 + i, centers[li])
                 if ex > thr:
                     thr = keep_farthest(ex, i0 + i, li, topv, topi, topl)
+    acc_to_sums(acc, sums)
     return inertia
 
 
