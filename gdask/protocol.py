@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "ANN_GPU", "ANN_JOB", "ANN_JOB_KIND", "ANN_JOB_SECRET",
-    "EVENT_JOB_TASK", "EVENT_LOOP_PREFIX",
+    "EVENT_JOB_TASK", "EVENT_LOOP_PREFIX", "EVENT_OBSERVE",
     "HANDLER_COLLECTIVE", "HANDLER_COLLECTIVE_ABORT", "HANDLER_DEVICE_TABLE", "HANDLER_EXECUTION_LOG", "HANDLER_JOBS",
     "HANDLER_JOB_CLOSE", "HANDLER_JOB_OPEN", "HANDLER_LOOP_EVENTS_DONE", "HANDLER_OBSERVE", "HANDLER_PLACEMENT_STATS",
     "HANDLER_STATE",
@@ -66,6 +66,9 @@ ANN_JOB_SECRET = "gdask_job_secret"
 # -- events (``worker.log_event(topic, msg)`` -> ``SchedulerPlugin.log_event``) ----------------------
 #: per-task measurement of a job task (duration, co-runners, device usage)
 EVENT_JOB_TASK = "gdask-job-task"
+#: durations of device work that ran inside a longer task (a loop on the workers), for the placement
+#: plugin: ``{"records": [[kind, input bytes, worker address, seconds], ...]}``
+EVENT_OBSERVE = "gdask-observe"
 #: the topics of loops on the workers (one per fit: the prefix and the fit's token): rank 0's checkpoints
 EVENT_LOOP_PREFIX = "gdask-loop-"
 

@@ -467,6 +467,12 @@ class GPUPlacement(SchedulerPlugin):
                 self._last_check = now
                 self._rebalancing = asyncio.get_running_loop().create_task(self._rebalance())
 
+    def log_event(self, topic: Any, msg: Any) -> None:
+        # a loop on the workers sends its passes' durations as an event of its last rank-0 step, ahead of its
+        # task's end on the same stream: learned before the client sees the loop finish
+        if topic == protocol.EVENT_OBSERVE and isinstance(msg, dict):
+            self._handle_observe(msg.get("records"))
+
     def _handle_observe(self, records: list | None = None, **kwargs: Any) -> int:
         """Durations of device work that ran inside other tasks (a loop on the workers runs every
         iteration's block work in one long task), as ``(kind, input bytes, worker, seconds)``:

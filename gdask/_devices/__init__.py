@@ -23,6 +23,7 @@ __all__ = [
     "EmulatedPool",
     "Inventory",
     "LocalContext",
+    "SpareBuffers",
     "StateSpaces",
     "context",
     "current_device",
@@ -214,4 +215,4 @@ def _register_strict_sizeof() -> None:
 _register_strict_sizeof()
 
 
-from gdask._devices._context import LocalContext, StateSpaces, context, current_device, worker_state  # noqa: E402
+from gdask._devices._context import LocalContext, SpareBuffers, StateSpaces, context, current_device, worker_state  # noqa: E402

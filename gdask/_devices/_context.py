@@ -14,7 +14,46 @@ from typing import Any, Callable
 
 from gdask import protocol
 
-__all__ = ["LocalContext", "StateSpaces", "context", "current_device", "worker_state"]
+__all__ = ["LocalContext", "SpareBuffers", "StateSpaces", "context", "current_device", "worker_state"]
+
+
+class SpareBuffers:
+    """Host buffers that finished computations gave back, for the next one to reuse instead of
+    faulting fresh memory in (a cache: at most ``max_bytes`` kept; beyond it a buffer given back is
+    let go).
+
+    Parameters
+    ----------
+    max_bytes : int
+    """
+
+    def __init__(self, max_bytes: int = 64 << 20) -> None:
+        self.max_bytes = int(max_bytes)
+        self._free: list = []
+        self._lock = threading.Lock()
+
+    def take(self, size: int, dtype: Any) -> Any:
+        """A spare 1-D NumPy buffer of ``dtype`` with ``size`` to ``2 * size`` items, or None."""
+        with self._lock:
+            for i, buf in enumerate(self._free):
+                if buf.dtype == dtype and size <= buf.size <= 2 * size:
+                    return self._free.pop(i)
+        return None
+
+    def give(self, buf: Any) -> bool:
+        """Keep ``buf`` (its holder must not use it any more) for a later :meth:`take`; whether kept."""
+        with self._lock:
+            if self.nbytes() + buf.nbytes > self.max_bytes:
+                return False
+            self._free.append(buf)
+            return True
+
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self._free)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
 
 
 class StateSpaces:
@@ -23,7 +62,8 @@ class StateSpaces:
 
     A space is a cache: code that finds it empty recomputes what it needs. The oldest spaces are
     dropped beyond ``max_spaces``, so an interrupted computation that never drops its own cannot
-    fill the process.
+    fill the process. :attr:`spares` keeps the buffers of finished states for the next ones
+    (:class:`SpareBuffers`).
 
     Parameters
     ----------
@@ -37,6 +77,7 @@ class StateSpaces:
         self.max_spaces = int(max_spaces)
         self._spaces: OrderedDict[str, dict] = OrderedDict()
         self._lock = threading.Lock()
+        self.spares = SpareBuffers()  # buffers the computations' states leave behind, for the next ones
 
     def get(self, token: str, create: bool = True) -> dict | None:
         """The space of ``token`` (made empty on first use unless ``create`` is False)."""

@@ -7,13 +7,15 @@ task of the loop was told to stop.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
 from typing import Any, Callable, Sequence
 
 import dask
-from distributed import wait
+from dask import is_dask_collection
+from distributed import Future, wait
 from distributed.client import FutureCancelledError, FuturesCancelledError
 
 from gdask import config
@@ -33,8 +35,9 @@ def run_on_workers(client: Any, func: Callable[..., Any], peers: Sequence[str], 
     their results in rank order.
 
     ``args`` may hold Dask collections and futures (e.g. persisted blocks): they arrive computed,
-    and blocks already on ``peers[r]`` are not moved. ``on_poll()`` is called in this thread every
-    ``poll`` seconds while the tasks run (e.g. to show progress they send); whether a peer left the
+    and blocks already on ``peers[r]`` are not moved (futures only in lists, tuples and dicts make
+    the cheapest start: the arguments are not walked by ``dask.delayed``). ``on_poll()`` is called
+    in this thread every ``poll`` seconds while the tasks run (e.g. to show progress they send); whether a peer left the
     cluster is checked every ``check_workers`` seconds. ``same_results``: every rank returns the
     whole result (e.g. all-gathered at its end), so one rank's result is fetched, from a worker
     still there, and returned as a one-item list: a worker lost after its task finished costs
@@ -52,9 +55,13 @@ def run_on_workers(client: Any, func: Callable[..., Any], peers: Sequence[str], 
     futures = []
     for r, (addr, a) in enumerate(zip(peers, args)):
         key = f"{name}-{token}-{r}"
-        task = dask.delayed(rank_task, pure=False)(key, token, r, peers, start_timeout, timeout, direct, func, *a,
-                                               dask_key_name=key)
-        futures.append(client.compute(task, workers=[addr], allow_other_workers=False))
+        head = (key, token, r, peers, start_timeout, timeout, direct, func)
+        if all(_submittable(x) for x in a):  # futures at most in lists, tuples and dicts: one task, as it is
+            futures.append(client.submit(rank_task, *head, *a, key=key, workers=[addr], allow_other_workers=False,
+                                         pure=False))
+        else:  # collections (or futures inside other objects) to compute first: dask.delayed finds them
+            task = dask.delayed(rank_task, pure=False)(*head, *a, dask_key_name=key)
+            futures.append(client.compute(task, workers=[addr], allow_other_workers=False))
     next_check = time.monotonic() + check_workers
     try:
         while True:
@@ -83,6 +90,21 @@ def run_on_workers(client: Any, func: Callable[..., Any], peers: Sequence[str], 
         raise
     finally:
         client.cancel(futures)  # released: a result lost with its worker is not recomputed
+
+
+def _submittable(obj: Any, inside: bool = False) -> bool:
+    """Whether ``client.submit`` passes ``obj`` as it should: no Dask collection in it, and futures
+    only where ``submit`` finds them (in lists, tuples and dicts, not ``inside`` other objects such as
+    dataclasses). ``dask.delayed`` finds both everywhere, but walking a large argument costs milliseconds."""
+    if is_dask_collection(obj) or (inside and isinstance(obj, Future)):
+        return False
+    if isinstance(obj, (list, tuple, set)):
+        return all(_submittable(x, inside) for x in obj)
+    if isinstance(obj, dict):
+        return all(_submittable(x, inside) for x in obj.values())
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return all(_submittable(getattr(obj, f.name), True) for f in dataclasses.fields(obj))
+    return True
 
 
 def _workers(client: Any) -> set[str]:

@@ -220,24 +220,33 @@ class Communicator:
         self.worker = get_worker()  # the distributed.Worker this task runs on
         self.mailbox = mailbox(self.worker)
 
-    def connect_direct(self, timeout: float) -> bool:
-        """Connect to the loop's other tasks directly (:mod:`._direct`) when each runs in its own worker
-        process on this host; every task takes the same decision (an all-gather of whether its
-        connections were made). Returns whether the loop's all-gathers go over them from now on."""
-        if self.size < 2 or not _direct.same_host(self.peers):
-            return False
-        srv = path = direct = None
+    def start(self, timeout: float, direct: bool) -> bool:
+        """Wait until every task of the loop runs (an all-gather within ``timeout`` seconds: a worker
+        still busy with other tasks ends the loop now instead of stalling it), and with ``direct``
+        connect to the other tasks directly (:mod:`._direct`) when each runs in its own worker process
+        on this host. The first all-gather carries each task's address for those connections. Every
+        task takes the same decision (an all-gather of whether its connections were made). Returns
+        whether the loop's all-gathers go over direct connections from now on."""
+        wanted = direct and self.size >= 2 and _direct.same_host(self.peers)  # the same for every task
+        srv = path = None
+        if wanted:
+            try:
+                srv, path = _direct.listen()
+            except OSError as e:
+                logger.debug("loop %s: no direct connections (%r)", self.token, e)
         try:
-            srv, path = _direct.listen()
-        except OSError as e:
-            logger.debug("loop %s: no direct connections (%r)", self.token, e)
-        paths = self.allgather(path, timeout=timeout)
+            paths = self.allgather(path, timeout=timeout)
+            return wanted and self._connect_direct(paths, srv, timeout)
+        finally:
+            _direct.unlisten(srv, path)
+
+    def _connect_direct(self, paths: list, srv: Any, timeout: float) -> bool:
+        direct = None
         if all(paths):
             try:
                 direct = _direct.connect(self.rank, paths, srv, timeout)
             except (OSError, _direct.DirectError) as e:
                 logger.debug("loop %s: direct connections failed (%r)", self.token, e)
-        _direct.unlisten(srv, path)
         if not all(self.allgather(direct is not None, timeout=timeout)):
             if direct is not None:
                 direct.close()
@@ -400,9 +409,7 @@ def rank_task(key: Any, token: str, rank: int, peers: list[str], start_timeout: 
     try:
         # every task must be running before any waits for another's work: a worker still busy
         # with other tasks ends the loop now (the caller falls back) instead of stalling it
-        comm.allgather(None, timeout=start_timeout)
-        if direct:
-            comm.connect_direct(start_timeout)
+        comm.start(start_timeout, direct)
         return func(comm, *args)
     except CollectiveError as e:  # a rank that starts after the loop was stopped stops in its first allgather
         comm.abort(str(e))

@@ -37,7 +37,7 @@ from gdask.gdataset.engine._events import CheckpointEvents, LoopEvents, loop_top
 from gdask.gdataset.engine._plan import Situation
 from gdask.gdataset.engine._records import Records
 from gdask.gdataset.locality import block_places, default_client_or_none, persisted_futures
-from gdask.scheduling import ensure_plugins, report_work
+from gdask.scheduling import ensure_plugins
 from gdask.window_cache import scan
 from gdask.window_cache import stats as window_stats
 
@@ -222,10 +222,12 @@ class WorkersOutcome:
 def _rank_blocks(datasets: dict, groups: list[list[int]], workers: dict[int, str], client: Any,
                  lazy: bool) -> dict[str, list]:
     """``{worker address: [(block, [handle by dataset])]}`` in block order: each group's blocks go to
-    the worker holding its first block. ``lazy``: a block on its rank's own worker stays in that
+    the worker holding its first block. A handle is the block's future (a block not persisted: the
+    block itself, computed for the task). ``lazy``: a block on its rank's own worker stays in that
     worker's store (a :class:`~gdask.gdataset.engine._worker.StoreKey`), the others come with the task."""
     names = list(datasets)
     held: dict[str, dict[int, str]] = {}
+    futures = {n: {f.key: f for f in persisted_futures(g) or ()} for n, g in datasets.items() if g is not None}
     if lazy:  # where each dataset's blocks are: those on the rank's own worker stay in its store
         for n in names:
             places = None if datasets[n] is None else block_places(datasets[n], client, wait_ready=True)
@@ -236,11 +238,17 @@ def _rank_blocks(datasets: dict, groups: list[list[int]], workers: dict[int, str
         for b in g:
             handles = [None if datasets[n] is None
                        else _worker.StoreKey((datasets[n].name, b)) if lazy and held[n].get(b) == addr
-                       else datasets[n].block(b) for n in names]
+                       else _handle(datasets[n], b, futures[n]) for n in names]
             mine[addr].append((b, handles))
     for blocks in mine.values():
         blocks.sort(key=lambda p: p[0])
     return mine
+
+
+def _handle(g: GDataSet, b: int, futures: dict) -> Any:
+    """Block ``b`` of ``g`` for a rank's task: its future, or the block to compute when not persisted."""
+    f = futures.get((g.name, b))
+    return g.block(b) if f is None else f
 
 
 def run_workers_loop(algorithm: IterativeAlgorithm, datasets: dict, groups: list[list[int]],
@@ -258,8 +266,9 @@ def run_workers_loop(algorithm: IterativeAlgorithm, datasets: dict, groups: list
     topic = loop_topic(token)
     start = records.resume
     every = float(config.get("engine.checkpoint-interval", 1.0))
-    tasks = [(algorithm, _worker.RankTask(mine[a], names, nblocks, token, start.iteration, start.state, topic, lazy,
-                                          state_every=every)) for a in peers]
+    # the blocks' futures at the top of the arguments, where the task's start finds them without walking the rest
+    tasks = [(algorithm, _worker.RankTask(names, nblocks, token, start.iteration, start.state, topic, lazy,
+                                          state_every=every), mine[a]) for a in peers]
     events = CheckpointEvents(client, topic, records)
 
     def on_poll() -> None:
@@ -281,10 +290,6 @@ def run_workers_loop(algorithm: IterativeAlgorithm, datasets: dict, groups: list
     r0 = results[0]
     records.fill(r0.iteration, r0.state)  # records the events did not bring in time
     finals = None if r0.finals is None else [r0.finals[b] for b in sorted(r0.finals)]
-    try:
-        report_work(client, r0.observed)
-    except Exception as e:  # noqa: BLE001 - the fit is done: a scheduler that cannot take this loses nothing
-        logger.debug("could not report the passes' durations to the placement plugin: %r", e)
     return WorkersOutcome(r0.state, finals, r0.iteration)
 
 

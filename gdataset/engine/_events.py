@@ -34,7 +34,8 @@ def loop_topic(token: str) -> str:
 
 class LoopEvents(SchedulerPlugin):
     """(scheduler) Keeps no copy of the loops' checkpoint events; drops a loop's topic at its end, or
-    when its client leaves."""
+    when its client leaves. Keeps no copy of the loops' durations either (:data:`~gdask.protocol.EVENT_OBSERVE`,
+    read by the placement plugin as they come)."""
 
     name = protocol.PLUGIN_LOOP_EVENTS
     idempotent = True
@@ -49,7 +50,9 @@ class LoopEvents(SchedulerPlugin):
     def log_event(self, topic: str, msg: Any) -> None:
         # the scheduler sent the event to the topic's subscribers before it calls its plugins: drop its
         # copy, and the topic when its client is gone (nobody would ever read it)
-        if self.scheduler is not None and isinstance(topic, str) and topic.startswith(protocol.EVENT_LOOP_PREFIX):
+        # (the durations are read by the placement plugin as they come, if there is one)
+        if self.scheduler is not None and isinstance(topic, str) and (
+                topic.startswith(protocol.EVENT_LOOP_PREFIX) or topic == protocol.EVENT_OBSERVE):
             forget_events(self.scheduler, topic, drop=True)
 
     def remove_client(self, scheduler: Any, client: str) -> None:

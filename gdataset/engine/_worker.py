@@ -219,9 +219,6 @@ class RankTask:
 
     Attributes
     ----------
-    mine : list
-        ``[(block, [block by dataset name])]`` of this rank, in block order; with ``lazy``, the
-        blocks of this rank's worker are :class:`StoreKey` s (read from its store on use).
     names : list of str
         The datasets' names, in the order of each block's list.
     nblocks : int
@@ -240,7 +237,6 @@ class RankTask:
         ``gdask.engine.checkpoint-interval``); every iteration's state stays on each rank's worker.
     """
 
-    mine: list
     names: list[str]
     nblocks: int
     token: str
@@ -264,13 +260,15 @@ class RankResult:
     iteration: int
 
 
-def driver_on_worker(comm: Any, algorithm: IterativeAlgorithm, task: RankTask) -> RankResult:
+def driver_on_worker(comm: Any, algorithm: IterativeAlgorithm, task: RankTask, blocks: list) -> RankResult:
     """One worker's task of the loop on the workers: the driver over this rank's blocks from the
-    task's checkpoint, then the algorithm's final pass over them."""
+    task's checkpoint, then the algorithm's final pass over them. ``blocks``: ``[(block, [block by
+    dataset name])]`` of this rank, in block order; with ``task.lazy``, the blocks of this rank's
+    worker are :class:`StoreKey` s (read from its store on use)."""
     if task.lazy:
-        owned = [(b, StoreBlocks(comm.worker, dict(zip(task.names, handles)))) for b, handles in task.mine]
+        owned = [(b, StoreBlocks(comm.worker, dict(zip(task.names, handles)))) for b, handles in blocks]
     else:
-        owned = [(b, dict(zip(task.names, arrays))) for b, arrays in task.mine]
+        owned = [(b, dict(zip(task.names, arrays))) for b, arrays in blocks]
     ctx = WorkersContext(comm, owned, task.names, task.nblocks, task.token, task.iteration, task.topic,
                          streaming=task.lazy, state_every=task.state_every)
     try:
@@ -288,4 +286,7 @@ def driver_on_worker(comm: Any, algorithm: IterativeAlgorithm, task: RankTask) -
     address = comm.worker.address
     everything = comm.allgather((mine, [(kind, nbytes, address, sec) for kind, nbytes, sec in ctx.observed]))
     finals = None if spec is None else {b: v for part, _ in everything for b, v in part.items()}
-    return RankResult(state, finals, [o for _, obs in everything for o in obs], ctx.iteration)
+    observed = [o for _, obs in everything for o in obs]
+    if comm.rank == 0 and observed:  # for the placement plugin: on the stream that carries this task's end, ahead of it
+        comm.worker.log_event(protocol.EVENT_OBSERVE, {"records": [list(o) for o in observed]})
+    return RankResult(state, finals, observed, ctx.iteration)

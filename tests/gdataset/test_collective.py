@@ -1,5 +1,6 @@
 """Loops on the workers (gdask.gdataset.collective): one task per worker, all-gathers between them."""
 
+import dataclasses
 import os
 import time
 
@@ -106,3 +107,22 @@ def test_a_step_whose_values_all_came_completes_in_a_stopped_loop():
     assert comm.allgather("from rank 0") == ["from rank 0", "from rank 1"]
     with pytest.raises(CollectiveError, match="lost a worker"):
         comm.allgather("step 1")
+
+
+@dataclasses.dataclass
+class _Box:
+    value: object
+
+
+def _sum_args(comm, direct, boxed):
+    return float(np.sum(direct[0])) + float(np.sum(boxed.value))
+
+
+def test_futures_and_collections_in_the_arguments_arrive_computed(client):
+    peers = _workers(client)
+    fut = client.scatter(np.arange(4.0), broadcast=True)  # in a list: the task is submitted as it is
+    lazy = dask.delayed(np.ones)(3)  # a collection inside a dataclass: dask.delayed computes it first
+    out = run_on_workers(client, _sum_args, peers, [([fut], _Box(lazy))] * len(peers))
+    assert out == [9.0] * len(peers)
+    boxed_future = run_on_workers(client, _sum_args, peers, [([np.zeros(1)], _Box(fut))] * len(peers))
+    assert boxed_future == [6.0] * len(peers)  # a future inside a dataclass too

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import gdask
+from gdask import protocol
 from gdask._compat import scheduler_workers
 from gdask.gdataset.engine import _worker as engine_worker
 from gdask.ml import KMeans, kernels
@@ -166,6 +167,13 @@ def test_the_passes_on_the_workers_teach_the_placement_plugin(client, data):
     assert km.fit_mode_ == "workers"
     # each block's pass of each iteration counts as a task would from the client
     assert done() - before == km.n_iter_ * G.nblocks
+    # they came as an event of the loop's last step, which the scheduler keeps no copy of
+    assert client.run_on_scheduler(_kept_events, protocol.EVENT_OBSERVE) == 0
+
+
+def _kept_events(topic, dask_scheduler=None):
+    kept = dask_scheduler._broker._topics.get(topic)
+    return 0 if kept is None else len(kept.events)
 
 
 def test_on_a_plain_dask_cluster(data):

@@ -14,8 +14,8 @@ from gdask.ml._base import require_finite
 
 __all__ = [
     "assign_host", "bounds_labels_host", "count_nearest", "distances_block", "distances_host", "farthest_rows",
-    "join_lists", "labels_block", "labels_host", "narrow", "sample_block", "sum_mind", "take", "take_rows",
-    "take_sparse_rows",
+    "join_lists", "label_dtype", "labels_block", "labels_host", "narrow", "sample_block", "sum_mind", "take",
+    "take_rows", "take_sparse_rows",
 ]
 
 
@@ -74,9 +74,14 @@ def farthest_rows(blk, centers, m, w=None):
     return mind[idx], labels[idx], to_numpy(take(blk, idx)), ws
 
 
+def label_dtype(k: int) -> np.dtype:
+    """The narrowest unsigned type that holds the labels of ``k`` clusters."""
+    return np.min_scalar_type(max(k - 1, 0))
+
+
 def narrow(labels: np.ndarray, k: int) -> np.ndarray:
     """Labels in the narrowest unsigned type for ``k`` clusters (less to send back)."""
-    return labels.astype(np.min_scalar_type(max(k - 1, 0)), copy=False)
+    return labels.astype(label_dtype(k), copy=False)
 
 
 def labels_host(blk, centers, w=None, labels=True):
@@ -85,8 +90,10 @@ def labels_host(blk, centers, w=None, labels=True):
 
 
 def bounds_labels_host(blk, centers, token, w=None, history=None, labels=True):
-    lab, inertia = kernels.bounds_labels(blk, centers, token, w, history=history)
-    return (narrow(to_numpy(lab), centers.shape[0]) if labels else None), inertia
+    # the labels come narrowed (a copy): the bounds' memory goes to the next fit's blocks
+    dtype = label_dtype(centers.shape[0]) if labels else False
+    lab, inertia = kernels.bounds_labels(blk, centers, token, w, history=history, dtype=dtype)
+    return (to_numpy(lab) if labels else None), inertia
 
 
 def labels_block(blk, centers):

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from gdask.devices import asarray_like, current_device, to_numpy, worker_state
+from gdask.devices import asarray_like, astype, current_device, to_numpy, worker_state
 from gdask.ml.kernels import _dispatch
 from gdask.ml.kernels._common import BlockBounds, take_rows, weighted_total
 from gdask.ml.kernels._kmeans import assign, lloyd_partial
@@ -129,6 +129,8 @@ def bounds_partial(blk: Any, centers: Any, token: str, w: Any = None,
     """Lloyd statistics of one block for ``centers`` (as :func:`gdask.ml.kernels.lloyd_partial`),
     from the block's bounds when it has them. ``inertia`` is not computed (NaN). The farthest rows
     come with a full pass only; after a bounds step an empty cluster takes a separate pass.
+    ``bounded`` is 1 and ``rebuilt`` 1 when the block ran a full pass (its first, or a step that gave
+    up), 0 after a step (both summed by :func:`~gdask.ml.kernels.lloyd_combine`).
 
     ``history``: the centers of the fit's earlier bounds passes, oldest first (``[]`` on the first
     one). A block without state replays them; without ``history`` such a block returns
@@ -151,7 +153,8 @@ def bounds_partial(blk: Any, centers: Any, token: str, w: Any = None,
     else:
         dist, idx, lab = st.far
     out = {"sums": np.array(to_numpy(st.sums), copy=True), "counts": np.array(to_numpy(st.counts), copy=True),
-           "inertia": float("nan"), "changed": changed, "far_d": dist, "far_label": lab,
+           "inertia": float("nan"), "changed": changed, "bounded": 1, "rebuilt": int(st.far is not None),
+           "far_d": dist, "far_label": lab,
            "far_rows": to_numpy(take_rows(blk, idx)),
            "far_w": np.ones(idx.size) if w is None else to_numpy(take_rows(w, idx)).astype(np.float64)}
     st.memo = [*(st.memo or ())[-(MEMO - 1):], (cf, {k: (v.copy() if isinstance(v, np.ndarray) else v)
@@ -180,22 +183,36 @@ def _inertia_from_sums(st: BlockBounds) -> float | None:
 
 
 def bounds_labels(blk: Any, centers: Any, token: str, w: Any = None,
-                  history: Sequence[np.ndarray] | None = None) -> tuple[Any, float]:
+                  history: Sequence[np.ndarray] | None = None, dtype: Any = None) -> tuple[Any, float]:
     """Labels (int32) for ``centers`` and the block's inertia (the sum of ``w`` times the squared
     distance of each row to its center), from the block's bounds; ends the fit for this block (its
     state is freed). The inertia comes from the per-cluster sums the bounds keep (``sum w |x|^2``
     came with the full pass that built them) instead of a distance per row, unless that cancels
-    badly. A block without state replays ``history`` first (see :func:`bounds_partial`)."""
+    badly. A block without state replays ``history`` first (see :func:`bounds_partial`).
+
+    ``dtype``: the labels as a new array of that type, and the state's memory goes to the next
+    fit's blocks (a backend that keeps spare buffers); ``False``: no labels (None), the same.
+    Default: the state's own int32 labels."""
     st, _ = _update(blk, centers, token, w, history)
     _pop(token, blk)
     if st is None:
         labels, mind = assign(blk, centers)
-        return labels, weighted_total(mind, w)
+        return _labels_as(labels, dtype), weighted_total(mind, w)
+    impl = _dispatch.kernels_for("hamerly", blk, clusters=st.centers.shape[0])
     inertia = _inertia_from_sums(st)
     if inertia is None:
-        impl = _dispatch.kernels_for("hamerly", blk, clusters=st.centers.shape[0])
         mind = impl.assigned_sqdist(blk, st.centers, st.labels)
         inertia = weighted_total(mind, w)
-    return st.labels, inertia
+    labels = _labels_as(st.labels, dtype)
+    if dtype is not None and hasattr(impl, "give_back"):  # the labels are a copy: the buffer goes back
+        impl.give_back(st)
+    return labels, inertia
+
+
+def _labels_as(labels: Any, dtype: Any) -> Any:
+    """``labels`` as :func:`bounds_labels` hands them out for ``dtype`` (None: as they are)."""
+    if dtype is None:
+        return labels
+    return None if dtype is False else astype(labels, dtype, copy=True)
 
 
