@@ -205,3 +205,76 @@ def test_row_norms_are_kept_while_the_block_lives():
     del blk
     gc.collect()
     assert key not in _hamerly.worker_state(kernels.NORMS_SPACE)  # freed with the block
+
+
+def test_a_finished_state_leaves_its_buffer_to_the_next_fit():
+    X, init = _overlapping(n=3000)
+    blk = np.asfortranarray(X)
+    c0 = init.astype(np.float64)
+    spares = context().state.spares
+    spares.clear()
+    kernels.bounds_partial(blk, c0, "a", history=[])
+    buf = _hamerly._get("a", blk).buffer
+    labels, inertia = kernels.bounds_labels(blk, c0, "a", dtype=np.uint8)  # a copy: the buffer goes back
+    assert labels.dtype == np.uint8 and not np.shares_memory(labels, buf)
+    kept = labels.copy()
+    kernels.bounds_partial(blk, c0[::-1].copy(), "b", history=[])  # the next fit's block takes that buffer
+    assert _hamerly._get("b", blk).buffer is buf
+    np.testing.assert_array_equal(labels, kept)  # and the labels handed out stay as they were
+    l2, _ = kernels.bounds_labels(blk, c0[::-1].copy(), "b")  # default: the state's own labels, kept
+    assert np.shares_memory(l2, buf) and spares.nbytes() == 0
+    _drop("a"), _drop("b")
+
+
+def test_spare_buffers_are_bounded_and_fit_their_request():
+    from gdask.devices import SpareBuffers
+
+    spares = SpareBuffers(max_bytes=1000)
+    a, b = np.empty(100), np.empty(50)
+    assert spares.give(a) and not spares.give(b)  # 800 + 400 bytes > 1000: let go
+    assert spares.take(100, np.dtype(np.float32)) is None  # another dtype
+    assert spares.take(40, np.dtype(np.float64)) is None  # more than twice the request
+    assert spares.take(101, np.dtype(np.float64)) is None  # too small
+    assert spares.take(60, np.dtype(np.float64)) is a and spares.nbytes() == 0
+
+
+def test_fits_in_a_row_reuse_buffers_to_the_same_bits():
+    X, init = _overlapping(n=20_000)
+    first = KMeans(len(init), init=init, n_init=1, max_iter=30, tol=0, algorithm="elkan").fit(X)
+    labels = first.labels_.copy()
+    other = KMeans(len(init), init=init[::-1].copy(), n_init=1, max_iter=30, tol=0, algorithm="elkan").fit(X + 1)
+    again = KMeans(len(init), init=init, n_init=1, max_iter=30, tol=0, algorithm="elkan").fit(X)
+    np.testing.assert_array_equal(first.labels_, labels)  # untouched by the fits after it
+    np.testing.assert_array_equal(again.labels_, first.labels_)
+    np.testing.assert_array_equal(again.cluster_centers_, first.cluster_centers_)
+    assert again.inertia_ == first.inertia_ and other.n_iter_ > 0
+
+
+def _stats(centers, bounded=0, rebuilt=0, n=100):
+    k, d = centers.shape
+    return {"sums": centers * 10.0, "counts": np.full(k, 10.0), "inertia": 1.0, "changed": 5, "bounded": bounded,
+            "rebuilt": rebuilt, "far_d": np.empty(0), "far_label": np.empty(0, np.int64),
+            "far_rows": np.empty((0, d)), "far_w": np.empty(0)}
+
+
+def test_bounds_that_keep_failing_give_way_to_lloyd_until_the_centers_slow_down():
+    from gdask.ml._kmeans._loop import _REARM, LoopState
+
+    c = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0]])
+    st = LoopState(c.copy(), True, 0.0, np.dtype(np.float64), 100, settled=True)
+
+    def step(move, bounded=0, rebuilt=0):
+        kind = st.chunk("tok")[0]
+        new = st.centers + [move, 0.0]
+        st.advance(_stats(new, bounded, rebuilt), None, 0.0)
+        return kind
+
+    assert step(1.0, 4, 4) is kernels.bounds_partial  # builds the bounds: every block's first full pass
+    assert step(1.0, 4, 1) is kernels.bounds_partial  # a step: most blocks kept their bounds
+    assert step(1.0, 4, 3) is kernels.bounds_partial  # most blocks gave up their step
+    assert st.rearm == pytest.approx(_REARM * 1.0)  # back to Lloyd until the moves fall below half of 1.0
+    assert step(0.9) is kernels.lloyd_partial
+    assert step(0.2) is kernels.lloyd_partial  # 0.04 < 0.25 * 0.81 and below the rearm: settled again
+    assert st.chunk("tok")[0] is kernels.bounds_partial
+    lloyd = LoopState(c.copy(), False, 0.0, np.dtype(np.float64), 100)
+    assert lloyd.chunk("tok")[0] is kernels.lloyd_partial

@@ -21,6 +21,12 @@ __all__ = ["KMeansLoop", "LoopState", "collect_finals", "next_centers"]
 #: move below half the previous one) counts as settling: that pass builds the bounds
 _SETTLING = 0.25
 
+#: after a pass whose bounds failed on most blocks (each gave up its step for a full pass: rows near
+#: many boundaries, e.g. data without clusters), Lloyd's passes again until the centers' largest squared
+#: move falls below this fraction of that pass's (their move below 0.7 of it): a full pass that keeps
+#: bounds costs ~1.2x Lloyd's, and its steps kept failing while the centers moved as much
+_REARM = 0.5
+
 
 @dataclass
 class LoopState:
@@ -37,6 +43,8 @@ class LoopState:
     last_move: float = 0.0  # the largest squared move of a center in the previous iteration (none yet)
     cargs: tuple = ()  # the chunk arguments of the last pass: (token,) when it stepped on bounds
     history: list[np.ndarray] = field(default_factory=list)  # centers of every bounds pass (to rebuild lost bounds)
+    built: bool = False  # a bounds pass ran: the blocks hold bounds (kept, if stale, through Lloyd's passes)
+    rearm: float = math.inf  # after the bounds failed: settling also needs the largest squared move below this
     n_iter: int = 0
     times: list[float] = field(default_factory=list)
 
@@ -67,9 +75,15 @@ class LoopState:
         # builds the bounds (a little dearer than Lloyd's), so the next one can step on them. Once built
         # they are kept: a step whose rows mostly fail gives up early and runs the full pass, which
         # rebuilds them (going back to Lloyd's passes would throw them away and step on stale ones later)
-        self.settled = self.bounds and (self.settled or centers_settled(new, moves)
-                                        or float(moves.max()) < _SETTLING * self.last_move)
-        self.last_move = float(moves.max())
+        biggest = float(moves.max())
+        if self.cargs and self.built and 2 * stats.get("rebuilt", 0) > stats.get("bounded", 0):
+            # most blocks' steps gave up: back to Lloyd's passes until the centers move much less
+            self.settled, self.rearm = False, _REARM * biggest
+        else:
+            self.settled = self.bounds and (self.settled or (
+                (centers_settled(new, moves) or biggest < _SETTLING * self.last_move) and biggest < self.rearm))
+        self.built = self.built or bool(self.cargs)
+        self.last_move = biggest
         self.centers = new
         self.n_iter += 1
         self.times.append(time.perf_counter() - t0)

@@ -32,7 +32,8 @@ def lloyd_combine(parts: list[dict]) -> dict:
         out["sums"] = out["sums"] + p["sums"]
         out["counts"] = out["counts"] + p["counts"]
         out["inertia"] = out["inertia"] + p["inertia"]
-        out["changed"] = out.get("changed", 0) + p.get("changed", 0)
+        for key in ("changed", "bounded", "rebuilt"):  # bounds passes' counts (absent from Lloyd's)
+            out[key] = out.get(key, 0) + p.get(key, 0)
         for key in FAR:
             out[key] = np.concatenate([out[key], p[key]])
     if len(out["far_d"]) > N_FARTHEST:
