@@ -65,8 +65,10 @@ def _register_strict_concatenate() -> None:
 
 def device_layer(tasks: Mapping, kind: str) -> MaterializedLayer:
     """A graph layer of device work: every task carries the ``gdask_gpu`` annotation (its kind of
-    block operation), which the placement plugin reads."""
-    return MaterializedLayer(dict(tasks), annotations={protocol.ANN_GPU: kind})
+    block operation), which the placement plugin reads, and those of the ``dask.annotate`` contexts
+    it is built in (e.g. the priorities of :func:`gdask.window_cache.scan`: a layer given annotations
+    of its own would drop them)."""
+    return MaterializedLayer(dict(tasks), annotations={**dask.get_annotations(), protocol.ANN_GPU: kind})
 
 
 def _meta_array(backend: str, shape: tuple[int, ...], dtype: Any):

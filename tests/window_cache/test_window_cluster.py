@@ -115,3 +115,24 @@ def test_gdask_kmeans_streams_blocks_through_the_window(wclient):
     np.testing.assert_allclose(km.cluster_centers_, c, rtol=1e-5, atol=1e-5)
     labels = np.concatenate([assign(b, c)[0] for b in blocks])
     assert (km.labels_.compute() == labels).mean() > 0.999
+
+
+
+def test_scan_priorities_stay_on_the_device_layers():
+    """The block tasks of a pass built inside ``scan`` carry its priorities (forward on even passes,
+    backward on odd ones) next to the device annotation: a layer given annotations of its own would
+    drop those of the ``dask.annotate`` around it, and every pass would run in Dask's own order."""
+    import gdask
+    from gdask import protocol
+
+    G = gdask.from_array(np.ones((240, 2)), block_rows=20)
+    for it in range(2):
+        with scan(G.__dask_keys__(), it):
+            part = G.reduce_blocks(np.sum, sum)
+        layers = [layer for layer in part.__dask_graph__().layers.values()
+                  if (layer.annotations or {}).get(protocol.ANN_GPU) and "priority" in layer.annotations]
+        blocks = sorted((k for layer in layers for k in layer if isinstance(k, tuple) and len(k) == 2), key=str)
+        assert len(blocks) == G.nblocks
+        prio = layers[0].annotations["priority"]
+        order = sorted(blocks, key=prio, reverse=True)  # highest priority first
+        assert [k[1] for k in order] == (list(range(G.nblocks)) if it % 2 == 0 else list(range(G.nblocks))[::-1])
