@@ -126,14 +126,29 @@ def test_logistic_matches_sklearn(dtype, fmt, classes):
     X = _as(x, fmt)
     ref = skl.LogisticRegression(C=2.0, tol=1e-8, max_iter=500).fit(X, y, sample_weight=w)
     got = LogisticRegression(C=2.0, tol=1e-8, max_iter=500).fit(X, y, sample_weight=w)
-    tol = 1e-6 if dtype == np.float64 else 1e-3  # float32: tests/ml/test_logistic.py's rtol 1e-3
-    np.testing.assert_allclose(got.coef_, ref.coef_, rtol=tol, atol=tol)
-    np.testing.assert_allclose(got.intercept_, ref.intercept_, rtol=tol, atol=tol)
     assert got.coef_.dtype == dtype
-    for method in ("predict_proba", "decision_function"):
-        out = getattr(got, method)(X)
-        assert isinstance(out, np.ndarray)
-        np.testing.assert_allclose(out, getattr(ref, method)(X), rtol=tol, atol=tol)
+    outs = {m: getattr(got, m)(X) for m in ("predict_proba", "decision_function")}
+    assert all(isinstance(out, np.ndarray) for out in outs.values())
+    if dtype == np.float64:
+        np.testing.assert_allclose(got.coef_, ref.coef_, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got.intercept_, ref.intercept_, rtol=1e-6, atol=1e-6)
+        for m, out in outs.items():
+            np.testing.assert_allclose(out, getattr(ref, m)(X), rtol=1e-6, atol=1e-6)
+    else:
+        # float32 fits stop where float32's rounding hides the loss's decrease, each at its own point
+        # near the optimum: both are measured against the float64 fit, and gdask's may be no further
+        # from it than twice scikit-learn's own float32 fit (the float32 row terms' cancellation
+        # once put it 4x further)
+        X64 = _as(x.astype(np.float64), fmt)
+        best = skl.LogisticRegression(C=2.0, tol=1e-10, max_iter=1000).fit(X64, y, sample_weight=w)
+
+        def far(a, b):
+            return float(np.abs(np.asarray(a, np.float64) - b).max())
+
+        pairs = [(got.coef_, ref.coef_, best.coef_), (got.intercept_, ref.intercept_, best.intercept_)]
+        pairs += [(out, getattr(ref, m)(X), getattr(best, m)(X64)) for m, out in outs.items()]
+        for ours, theirs, exact in pairs:
+            assert far(ours, exact) <= max(2 * far(theirs, exact), 1e-4)
     np.testing.assert_array_equal(got.predict(X), ref.predict(X))
     assert got.score(X, y) == pytest.approx(ref.score(X, y))
 
