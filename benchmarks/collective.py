@@ -5,7 +5,7 @@ RPC (``false``), side by side.
 Two parts, on one LocalGPUCluster of emulated devices (one worker process per device, all on this host):
 
 * ``allgather``: a loop on the workers that only all-gathers, ``--steps`` steps per value size (a few
-  bytes to megabytes: values over 512 KiB go by RPC in both modes); time per step (median and 90th
+  bytes to megabytes: values over 64 MiB go by RPC in both modes); time per step (median and 90th
   percentile, rank 0's clock). Transports alternate, ``--repeat`` rounds.
 * ``fits``: KMeans (``--rows`` x ``--features``, K=``--clusters``, 10 iterations, tol=0) and
   LogisticRegression (same rows, 32 features, lbfgs) on persisted data, the two transports alternating

@@ -13,7 +13,7 @@ next iterate without the client.
 The messages go through a handler that the ``gdask-collective`` worker plugin adds to each worker
 (:func:`gdask.scheduling.ensure_plugins`, once per client); when every task has its own worker
 process on one host, the tasks connect to each other over Unix sockets when the loop starts and
-all-gather small values over them (:mod:`._direct`, config ``gdask.collective.direct``).
+all-gather values up to 64 MiB over them (:mod:`._direct`, config ``gdask.collective.direct``).
 A loop that cannot run this way, because a worker is busy with other tasks when it starts, leaves,
 or raises, ends with :class:`CollectiveError` on the client after every task of the loop was told to
 stop: the caller then runs its ordinary graph-per-iteration loop, with the same result.

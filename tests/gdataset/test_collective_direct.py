@@ -185,7 +185,7 @@ def test_same_host():
 
 def _transport(comm, steps):
     got = [comm.allgather(comm.rank * 2 + s) for s in range(steps)]
-    # a large value goes by distributed's RPC (the socket says so), a small one in the same step directly
+    # a value over _DIRECT_MAX goes by distributed's RPC (the socket says so), a small one in the same step directly
     big = comm.allgather(np.full(300_000, comm.rank, np.float64) if comm.rank == 0 else comm.rank)
     assert big[0].shape == (300_000,) and (big[0] == 0).all() and big[1:] == list(range(1, comm.size))
     return comm.direct is not None, got
@@ -200,6 +200,40 @@ def test_loops_on_one_host_connect_directly_unless_configured_off():
             for used, got in out:
                 assert used is direct
                 assert got == [[0, 2], [1, 3], [2, 4]]
+        # messages by RPC of a loop whose 2.4 MB value goes directly, then of one where it is over the limit
+        sent = []
+        for lower in (False, True):
+            if lower:
+                c.run(_lower_direct_max)
+            before = c.run(_rpc_sends)
+            out = run_on_workers(c, _transport, peers, [(3,)] * 2)
+            assert [used for used, _ in out] == [True, True] and out[0][1] == [[0, 2], [1, 3], [2, 4]]
+            sent.append({a: n - before[a] for a, n in c.run(_rpc_sends).items()})
+        # the same loop's start went by RPC both times; over the limit, rank 0's value did too
+        assert {a: sent[1][a] - sent[0][a] for a in peers} == {peers[0]: 1, peers[1]: 0}
+
+
+def _lower_direct_max(dask_worker):
+    from gdask.gdataset.collective import _worker as w
+
+    w._DIRECT_MAX = 1 << 20
+
+
+def _rpc_sends(dask_worker):
+    """How many messages this worker's loops have sent by RPC (counted from the first call on)."""
+    from gdask.gdataset.collective import _worker as w
+
+    cls = w.Communicator
+    if not hasattr(cls, "_test_sends"):
+        cls._test_sends, send = [0], cls._send
+
+        def counted(self, *args, **kwargs):
+            cls._test_sends[0] += 1
+            return send(self, *args, **kwargs)
+
+        cls._send = counted
+        return 0
+    return cls._test_sends[0]
 
 
 def _fail_listen():
@@ -220,3 +254,41 @@ def test_a_rank_that_cannot_listen_keeps_every_rank_on_distributed():
         out = run_on_workers(c, _transport, peers, [(2,)] * 2)
         assert [used for used, _ in out] == [False, False]
         assert out[0][1] == [[0, 2], [1, 3]]
+
+
+def test_receive_buffers_are_reused_only_once_nobody_holds_them():
+    pool = _direct.Buffers(min_bytes=1000, max_bytes=12_000)
+    assert len(pool.take(999)) == 999 and pool._kept == []  # small: allocated as it comes
+    a = pool.take(4000)
+    view = np.frombuffer(a, np.uint8)  # a value received into it, still held
+    del a
+    b = pool.take(4000)
+    assert not np.shares_memory(view, np.frombuffer(b, np.uint8))  # a new one: the first is in use
+    del view
+    c = pool.take(4000)  # the first, free again
+    assert len(pool._kept) == 2 and c is pool._kept[0]
+    second = id(b)
+    del b, c
+    d = pool.take(8000)  # 16,000 bytes in all, over 12,000: free ones go, oldest first, until within
+    assert [len(x) for x in pool._kept] == [4000, 8000] and id(pool._kept[0]) == second and pool._kept[1] is d
+
+
+def test_large_values_a_rank_keeps_are_not_overwritten_by_later_steps():
+    """Frames of megabytes come into reused buffers: a value the caller still holds keeps its own
+    memory, and a loop that drops its values reuses two buffers per peer, not one per step."""
+    box = Mailbox()
+    comms = [_comm("reuse", r, 2, d, box) for r, d in enumerate(_mesh(2))]
+
+    def body(comm):
+        kept = comm.allgather(np.full(300_000, comm.rank + 0.5))  # 2.4 MB each
+        for s in range(6):
+            got = comm.allgather(np.full(300_000, 10.0 * s + comm.rank))
+            assert [float(v[0]) for v in got] == [10.0 * s, 10.0 * s + 1]
+        return kept, len(comm.direct.buffers._kept)
+
+    out, errors = _run_ranks(comms, body)
+    assert errors == [None, None]
+    for kept, nbufs in out:
+        for r, v in enumerate(kept):
+            assert (v == r + 0.5).all()
+        assert nbufs <= 3  # the kept value's buffer and two the steps take turns with
