@@ -140,8 +140,8 @@ class Buffers:
         self._kept: list[bytearray] = []
 
     def _unused(self) -> list[bytearray]:
-        """The kept buffers nothing else refers to (the same expression as :data:`_ALONE`'s)."""
-        return [b for b in self._kept if sys.getrefcount(b) <= _ALONE]
+        """The kept buffers nothing else refers to."""
+        return [b for b, n in zip(self._kept, _references(self._kept)) if n <= _ALONE]
 
     def take(self, n: int) -> bytearray:
         """A buffer of exactly ``n`` bytes (its old contents, to be overwritten)."""
@@ -161,9 +161,13 @@ class Buffers:
         return buf
 
 
-#: the reference count of a buffer held by a list only, as :meth:`Buffers._unused` sees it (measured,
-#: not assumed: interpreters differ in the references they borrow)
-_ALONE = [sys.getrefcount(b) for b in [bytearray(1)]][0]
+def _references(items: list) -> list[int]:
+    return [sys.getrefcount(x) for x in items]
+
+
+#: the reference count :func:`_references` sees of an object only a list holds (measured, not assumed:
+#: interpreters differ in the references they borrow)
+_ALONE = _references([bytearray(1)])[0]
 
 
 class _In:
