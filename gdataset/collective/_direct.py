@@ -16,16 +16,19 @@ deadline.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import selectors
 import shutil
 import socket
 import struct
-import sys
 import tempfile
+import threading
 import time
+import weakref
 from typing import Any, Callable, Sequence
 
+import numpy as np
 from distributed.protocol import pickle
 
 __all__ = ["Direct", "DirectError", "LoopStopped", "PeerCancelled", "Waker", "connect", "frames", "listen",
@@ -125,49 +128,46 @@ class _Out:
 
 
 class Buffers:
-    """Receive buffers of a task's direct connections, reused from step to step: a frame of a value
-    received (e.g. a NumPy array's bytes) lives in its buffer until whoever holds the value drops it,
-    so a buffer is taken again only when nothing but this pool refers to it (CPython's reference
-    count). Fresh memory for every large frame cost its page faults: 2.5 ms per 4 MiB frame in a
-    worker process (distributed sets ``MALLOC_TRIM_THRESHOLD_``, so glibc maps every large block anew),
-    twice the frame's time on the socket. Frames under ``min_bytes`` are allocated as they come. Buffers
-    still in use are kept whatever their size; free ones beyond ``max_bytes`` in all are let go, oldest
-    first (the pool ends with the task's connections)."""
+    """Receive buffers of a task's direct connections, reused from step to step. A large frame comes
+    into a lease (a ctypes array over a kept buffer); the value unpickled from it holds the lease, and when
+    the last holder drops it, the buffer is free for another frame (:func:`weakref.finalize`). Fresh
+    memory for every large frame cost its page faults: 2.5 ms per 4 MiB frame in a worker process
+    (distributed sets ``MALLOC_TRIM_THRESHOLD_``, so glibc maps every large block anew), twice the
+    frame's time on the socket. Frames under ``min_bytes`` are allocated as they come; free buffers
+    beyond ``max_bytes`` in all are let go, oldest first."""
 
     def __init__(self, min_bytes: int = 64 * 1024, max_bytes: int = 128 << 20) -> None:
         self.min_bytes = int(min_bytes)
         self.max_bytes = int(max_bytes)
-        self._kept: list[bytearray] = []
+        self.allocated = 0  # buffers made so far (the rest of the frames reused one)
+        self._free: list[np.ndarray] = []  # oldest first
+        self._lock = threading.Lock()  # a lease may end in any thread
 
-    def _unused(self) -> list[bytearray]:
-        """The kept buffers nothing else refers to."""
-        return [b for b, n in zip(self._kept, _references(self._kept)) if n <= _ALONE]
-
-    def take(self, n: int) -> bytearray:
-        """A buffer of exactly ``n`` bytes (its old contents, to be overwritten)."""
+    def take(self, n: int) -> Any:
+        """A writable buffer of exactly ``n`` bytes (its old contents, to be overwritten)."""
         if n < self.min_bytes:
             return bytearray(n)
-        for buf in self._unused():
-            if len(buf) == n:
-                return buf
-        buf = bytearray(n)
-        total = sum(len(b) for b in self._kept) + n
-        for old in self._unused():  # over the bound: let go of free buffers, oldest first
-            if total <= self.max_bytes:
-                break
-            self._kept.remove(old)
-            total -= len(old)
-        self._kept.append(buf)
-        return buf
+        with self._lock:
+            kept = next((i for i, b in enumerate(self._free) if b.nbytes == n), None)
+            buf = None if kept is None else self._free.pop(kept)
+        if buf is None:
+            buf = np.empty(n, np.uint8)
+            self.allocated += 1
+        # not a NumPy view: an array made from that would refer to ``buf`` itself, and the lease would end early
+        lease = (ctypes.c_ubyte * n).from_buffer(buf)
+        weakref.finalize(lease, self._give, buf).atexit = False
+        return lease
 
+    def free_bytes(self) -> int:
+        with self._lock:
+            return sum(b.nbytes for b in self._free)
 
-def _references(items: list) -> list[int]:
-    return [sys.getrefcount(x) for x in items]
-
-
-#: the reference count :func:`_references` sees of an object only a list holds (measured, not assumed:
-#: interpreters differ in the references they borrow)
-_ALONE = _references([bytearray(1)])[0]
+    def _give(self, buf: np.ndarray) -> None:
+        with self._lock:
+            self._free.append(buf)
+            total = sum(b.nbytes for b in self._free)
+            while total > self.max_bytes:
+                total -= self._free.pop(0).nbytes
 
 
 class _In:
@@ -179,7 +179,7 @@ class _In:
         self.got = 0
         self.step = self.count = -1
         self.lengths: bytearray | None = None
-        self.frames: list[bytearray] = []
+        self.frames: list = []  # bytearrays, or leases of reused buffers
         self.index = -1  # -1: the header, 0: the lengths, 1..: frame index + 1
 
     def _target(self) -> bytearray:

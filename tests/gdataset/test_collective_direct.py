@@ -1,6 +1,8 @@
 """Direct connections between the tasks of a loop on the workers of one host
 (gdask.gdataset.collective._direct): the values, the stops, the deadlines, the fallback."""
 
+import ctypes
+import gc
 import socket
 import threading
 import time
@@ -256,21 +258,29 @@ def test_a_rank_that_cannot_listen_keeps_every_rank_on_distributed():
         assert out[0][1] == [[0, 2], [1, 3]]
 
 
+def _storage(lease):
+    return ctypes.addressof(lease)  # where the buffer a lease was made over is
+
+
 def test_receive_buffers_are_reused_only_once_nobody_holds_them():
     pool = _direct.Buffers(min_bytes=1000, max_bytes=12_000)
-    assert len(pool.take(999)) == 999 and pool._kept == []  # small: allocated as it comes
+    small = pool.take(999)
+    assert isinstance(small, bytearray) and len(small) == 999 and pool.allocated == 0  # allocated as it comes
     a = pool.take(4000)
-    view = np.frombuffer(a, np.uint8)  # a value received into it, still held
+    view = np.frombuffer(a, np.float64)  # a value received into it, still held
+    first = _storage(a)
     del a
     b = pool.take(4000)
-    assert not np.shares_memory(view, np.frombuffer(b, np.uint8))  # a new one: the first is in use
+    assert _storage(b) != first and pool.allocated == 2  # a new one: the first is in use
     del view
+    gc.collect()
     c = pool.take(4000)  # the first, free again
-    assert len(pool._kept) == 2 and c is pool._kept[0]
-    second = id(b)
-    del b, c
-    d = pool.take(8000)  # 16,000 bytes in all, over 12,000: free ones go, oldest first, until within
-    assert [len(x) for x in pool._kept] == [4000, 8000] and id(pool._kept[0]) == second and pool._kept[1] is d
+    assert _storage(c) == first and pool.allocated == 2
+    d = pool.take(8000)
+    order = [_storage(c), _storage(b), _storage(d)]
+    del c, b, d  # free in that order: 16,000 bytes, over 12,000: the oldest goes
+    gc.collect()
+    assert [b.ctypes.data for b in pool._free] == order[1:] and pool.free_bytes() == 12_000
 
 
 def test_large_values_a_rank_keeps_are_not_overwritten_by_later_steps():
@@ -284,7 +294,7 @@ def test_large_values_a_rank_keeps_are_not_overwritten_by_later_steps():
         for s in range(6):
             got = comm.allgather(np.full(300_000, 10.0 * s + comm.rank))
             assert [float(v[0]) for v in got] == [10.0 * s, 10.0 * s + 1]
-        return kept, len(comm.direct.buffers._kept)
+        return kept, comm.direct.buffers.allocated
 
     out, errors = _run_ranks(comms, body)
     assert errors == [None, None]
