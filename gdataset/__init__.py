@@ -23,6 +23,7 @@ from gdask.gdataset.engine import (
     EngineResult,
     IterativeAlgorithm,
     LoopContext,
+    drop_state,
     exceeds_devices,
     run_loop,
 )
@@ -39,7 +40,7 @@ __all__ = [
     "BlockPlaces", "Blocks", "CollectiveError", "Communicator", "DeviceShare", "EngineResult", "ExecutionLog",
     "GDataSet", "GTracker", "IterateResult", "IterationChannel", "IterationContext", "IterativeAlgorithm",
     "LoopContext", "MODES", "Progress", "block_places", "block_workers", "default_block_rows",
-    "default_client_or_none", "device_call", "device_share", "exceeds_devices", "from_array", "from_dask_array",
-    "from_dataframe", "groups_of", "incremental", "is_time_major", "iterate", "moments", "persisted_futures",
-    "run_loop", "run_on_workers", "sum_parts", "time_major",
+    "default_client_or_none", "device_call", "device_share", "drop_state", "exceeds_devices", "from_array",
+    "from_dask_array", "from_dataframe", "groups_of", "incremental", "is_time_major", "iterate", "moments",
+    "persisted_futures", "run_loop", "run_on_workers", "sum_parts", "time_major",
 ]

@@ -6,16 +6,20 @@ device work is the kernels' (:mod:`gdask.ml.kernels`).
 
 from __future__ import annotations
 
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
-from gdask.devices import array_namespace, asarray_like, astype, is_sparse, sparse_rows, to_numpy
+from gdask.devices import array_namespace, asarray_like, astype, is_sparse, sparse_rows, to_numpy, worker_state
 from gdask.ml import kernels
 from gdask.ml._base import require_finite
 
 __all__ = [
-    "assign_host", "bounds_labels_host", "count_nearest", "distances_block", "distances_host", "farthest_rows",
-    "join_lists", "label_dtype", "labels_block", "labels_host", "narrow", "sample_block", "sum_mind", "take",
-    "take_rows", "take_sparse_rows",
+    "assign_host", "bounds_labels_host", "distances_block", "distances_host", "farthest_rows",
+    "join_lists", "label_dtype", "labels_block", "labels_host", "narrow", "nearest_counts", "nearest_total",
+    "sample_nearest", "take", "take_rows", "take_sparse_rows",
 ]
 
 
@@ -33,10 +37,57 @@ def take(x, idx):
     return array_namespace(x).take(x, idx, axis=0)
 
 
-def sample_block(blk, centers, factor, phi, seed, w=None):
-    """k-means|| oversampling: keep each row with probability ``factor * w d(x)^2 / phi``. The draws
-    are made on the host (a seeded NumPy generator: the same rows on every backend)."""
-    d2 = to_numpy(kernels.min_sqdist(blk, centers))
+# -- k-means||: each block keeps, in its worker's state space of the init, every row's squared distance
+# to its nearest candidate so far and that candidate's index, so a round computes the distances to
+# the candidates drawn in the last round only (not to all of them again) ------------------------------
+@dataclass
+class _Nearest:
+    """A block's rows' nearest candidate among the first ``seen`` candidates (``groups`` rounds)."""
+
+    ref: Any  # weak reference to the block: the state of a block this process let go is not reused
+    groups: int
+    seen: int
+    mind: Any  # squared distance (float64, exact), on the block's device
+    label: Any  # candidate index (int32), on the block's device
+
+
+def _nearest(blk, cands, sizes, token):
+    """The block's :class:`_Nearest` state brought to all ``len(sizes)`` candidate groups (``cands``
+    holds them in order, ``sizes`` their row counts). A block without state (the first round, or
+    moved to another worker, recomputed) replays every group in order: the same bits as a block that
+    kept its state. A row's candidate changes only for a strictly nearer one (ties: the first)."""
+    space = worker_state(token)
+    st = space.get(id(blk))
+    if st is not None and st.ref() is not blk:
+        st = None
+    start = 0 if st is None else st.seen
+    for size in sizes[0 if st is None else st.groups:]:
+        label, mind = kernels.assign(blk, cands[start:start + size, :])
+        if st is None:
+            st = _Nearest(weakref.ref(blk), 0, 0, mind, label)
+        else:
+            xp = array_namespace(mind)
+            nearer = mind < st.mind
+            st.mind = xp.where(nearer, mind, st.mind)
+            st.label = xp.where(nearer, label + st.seen, st.label)
+        st.groups += 1
+        st.seen += size
+        start += size
+    space[id(blk)] = st
+    return st
+
+
+def nearest_total(blk, cands, sizes, token, w=None):
+    """The block's part of the k-means|| cost: the sum of ``w`` times each row's squared distance to
+    its nearest candidate (:func:`_nearest`)."""
+    return kernels.weighted_total(_nearest(blk, cands, sizes, token).mind, w)
+
+
+def sample_nearest(blk, cands, sizes, token, factor, phi, seed, w=None):
+    """k-means|| oversampling: keep each row with probability ``factor * w d(x)^2 / phi``, ``d(x)``
+    the distance to its nearest candidate. The draws are made on the host (a seeded NumPy
+    generator: the same rows on every backend)."""
+    d2 = np.asarray(to_numpy(_nearest(blk, cands, sizes, token).mind), dtype=np.float64)
     if w is not None:
         d2 = d2 * to_numpy(w)
     rng = np.random.default_rng(seed)
@@ -44,10 +95,12 @@ def sample_block(blk, centers, factor, phi, seed, w=None):
     return to_numpy(take(blk, keep))
 
 
-def count_nearest(blk, centers, w=None):
-    labels = to_numpy(kernels.labels_block(blk, centers))
-    return np.bincount(labels, weights=None if w is None else to_numpy(w),
-                       minlength=centers.shape[0]).astype(np.float64)
+def nearest_counts(blk, cands, sizes, token, w=None):
+    """Weight (rows, or their ``w``) of each candidate's nearest rows; ends the block's init state."""
+    st = _nearest(blk, cands, sizes, token)
+    worker_state(token).pop(id(blk), None)
+    return np.bincount(to_numpy(st.label), weights=None if w is None else to_numpy(w),
+                       minlength=int(sum(sizes))).astype(np.float64)
 
 
 def take_rows(blk, idx):
@@ -59,10 +112,6 @@ def take_sparse_rows(blk, idx):
     from gdask.devices import sparse_to_host
 
     return sparse_to_host(sparse_rows(blk, idx, dense=False))
-
-
-def sum_mind(blk, centers, w=None):
-    return kernels.weighted_total(kernels.min_sqdist(blk, centers), w)
 
 
 def farthest_rows(blk, centers, m, w=None):

@@ -3,14 +3,15 @@ a callable or an array; sample weights weigh the draws."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import dask
 import numpy as np
 
 from gdask.devices import is_sparse, sparse_vstack, to_numpy
-from gdask.gdataset import GDataSet, device_call, sum_parts
-from gdask.ml._kmeans._blocks import count_nearest, sample_block, sum_mind, take_rows, take_sparse_rows
+from gdask.gdataset import GDataSet, default_client_or_none, device_call, drop_state, sum_parts
+from gdask.ml._kmeans._blocks import nearest_counts, nearest_total, sample_nearest, take_rows, take_sparse_rows
 
 __all__ = ["choice", "initial_centers", "rows", "sparse_kmeanspp", "weighted_kmeanspp"]
 
@@ -115,25 +116,35 @@ def initial_centers(est: Any, X: GDataSet, rng: np.random.Generator, w: np.ndarr
 def _kmeans_parallel(est: Any, X: GDataSet, rng: np.random.Generator, p: np.ndarray | None,
                      W: GDataSet | None) -> np.ndarray:
     """k-means|| (Bahmani et al. 2012): rounds of oversampling by the squared distance to the
-    candidates so far, then weighted k-means++ on the candidates."""
+    candidates so far, then weighted k-means++ on the candidates. Each block keeps its rows' nearest
+    candidate between rounds (in its worker's state space, dropped at the end), so a round computes
+    distances to the candidates the last round drew only: ~``oversampling_factor * n_clusters`` per
+    row and round."""
     n, k = X.shape[0], est.n_clusters
-    cands = rows(X, rng.choice(n, size=1, p=p))
+    groups = [rows(X, rng.choice(n, size=1, p=p))]
     factor = est.oversampling_factor * k
     wargs = () if W is None else (W,)
-    for _ in range(est.init_max_iter):
-        phi = X.reduce_blocks(sum_mind, sum_parts, cands, *wargs, name="kmeans-phi").compute()
-        if phi <= 0:
-            break
-        seeds = rng.integers(0, 2**63 - 1, size=X.nblocks)
-        new = dask.compute(*[dask.delayed(device_call)(sample_block, X.block(b), cands, factor, phi,
-                                                       int(seeds[b]), None if W is None else W.block(b))
-                             for b in range(X.nblocks)])
-        cands = np.concatenate([cands, *new], axis=0)
-    if cands.shape[0] <= k:
-        extra = rows(X, choice(rng, n, k - cands.shape[0] + 1, p))
-        cands = np.concatenate([cands, extra])[: max(k, cands.shape[0])]
-        if cands.shape[0] == k:
-            return cands.astype(X.dtype)
-    weights = X.reduce_blocks(count_nearest, sum_parts, cands, *wargs, name="kmeans-weights").compute()
+    token = f"kmeans-init-{uuid.uuid4().hex}"
+    try:
+        for _ in range(est.init_max_iter):
+            cands, sizes = np.concatenate(groups), tuple(g.shape[0] for g in groups)
+            phi = X.reduce_blocks(nearest_total, sum_parts, cands, sizes, token, *wargs, name="kmeans-phi").compute()
+            if phi <= 0:
+                break
+            seeds = rng.integers(0, 2**63 - 1, size=X.nblocks)
+            new = dask.compute(*[dask.delayed(device_call)(sample_nearest, X.block(b), cands, sizes, token, factor, phi,
+                                                           int(seeds[b]), None if W is None else W.block(b))
+                                 for b in range(X.nblocks)])
+            new = np.concatenate(new, axis=0)
+            if new.shape[0]:
+                groups.append(new)
+        cands, sizes = np.concatenate(groups), tuple(g.shape[0] for g in groups)
+        if cands.shape[0] <= k:  # too few candidates: they and random rows are the centers
+            extra = rows(X, choice(rng, n, k - cands.shape[0] + 1, p))
+            return np.concatenate([cands, extra])[:k].astype(X.dtype)
+        weights = X.reduce_blocks(nearest_counts, sum_parts, cands, sizes, token, *wargs,
+                                  name="kmeans-weights").compute()
+    finally:
+        drop_state(default_client_or_none(), token)
     weights = np.maximum(weights, 1e-12)
     return weighted_kmeanspp(cands.astype(np.float64), weights, k, rng).astype(X.dtype)
