@@ -278,3 +278,25 @@ def test_bounds_that_keep_failing_give_way_to_lloyd_until_the_centers_slow_down(
     assert st.chunk("tok")[0] is kernels.bounds_partial
     lloyd = LoopState(c.copy(), False, 0.0, np.dtype(np.float64), 100)
     assert lloyd.chunk("tok")[0] is kernels.lloyd_partial
+
+
+def test_a_step_on_stale_bounds_that_gives_up_keeps_stepping():
+    """Bounds kept through Lloyd's passes are stale: the step on them gives up and its full pass rebuilds
+    them, which says nothing about the steps to come (the next one steps on fresh bounds)."""
+    from gdask.ml._kmeans._loop import LoopState
+
+    c = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0]])
+    st = LoopState(c.copy(), True, 0.0, np.dtype(np.float64), 100, settled=True)
+
+    def step(move, bounded=0, rebuilt=0):
+        kind = st.chunk("tok")[0]
+        st.advance(_stats(st.centers + [move, 0.0], bounded, rebuilt), None, 0.0)
+        return kind
+
+    assert step(1.0, 4, 4) is kernels.bounds_partial  # builds the bounds
+    assert step(1.0, 4, 3) is kernels.bounds_partial  # steps on them (fresh): most gave up
+    assert step(0.9) is kernels.lloyd_partial  # so Lloyd's passes, the bounds kept (stale)
+    assert step(0.2) is kernels.lloyd_partial  # settled again
+    assert step(0.1, 4, 4) is kernels.bounds_partial  # a step on the stale bounds: every block rebuilt them
+    assert st.chunk("tok")[0] is kernels.bounds_partial  # fresh now: the next pass steps on them
+    assert step(0.05, 4, 1) is kernels.bounds_partial and st.chunk("tok")[0] is kernels.bounds_partial

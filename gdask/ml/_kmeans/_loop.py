@@ -21,10 +21,12 @@ __all__ = ["KMeansLoop", "LoopState", "collect_finals", "next_centers"]
 #: move below half the previous one) counts as settling: that pass builds the bounds
 _SETTLING = 0.25
 
-#: after a pass whose bounds failed on most blocks (each gave up its step for a full pass: rows near
-#: many boundaries, e.g. data without clusters), Lloyd's passes again until the centers' largest squared
-#: move falls below this fraction of that pass's (their move below 0.7 of it): a full pass that keeps
-#: bounds costs ~1.2x Lloyd's, and its steps kept failing while the centers moved as much
+#: after a step on fresh bounds (the previous pass's) that failed on most blocks (each gave up its step
+#: for a full pass: rows near many boundaries, e.g. data without clusters while the centers still move
+#: much), Lloyd's passes again until the centers' largest squared move falls below this fraction of
+#: that pass's (their move below 0.7 of it): a full pass that keeps bounds costs ~1.2x Lloyd's, and its
+#: steps kept failing while the centers moved as much. A step on stale bounds (kept through Lloyd's
+#: passes) that gives up is no such sign: the full pass it runs instead leaves fresh bounds to step on
 _REARM = 0.5
 
 
@@ -43,7 +45,7 @@ class LoopState:
     last_move: float = 0.0  # the largest squared move of a center in the previous iteration (none yet)
     cargs: tuple = ()  # the chunk arguments of the last pass: (token,) when it stepped on bounds
     history: list[np.ndarray] = field(default_factory=list)  # centers of every bounds pass (to rebuild lost bounds)
-    built: bool = False  # a bounds pass ran: the blocks hold bounds (kept, if stale, through Lloyd's passes)
+    stepped: bool = False  # the last pass was a bounds pass: the blocks' bounds are one pass old (fresh)
     rearm: float = math.inf  # after the bounds failed: settling also needs the largest squared move below this
     n_iter: int = 0
     times: list[float] = field(default_factory=list)
@@ -76,13 +78,14 @@ class LoopState:
         # they are kept: a step whose rows mostly fail gives up early and runs the full pass, which
         # rebuilds them (going back to Lloyd's passes would throw them away and step on stale ones later)
         biggest = float(moves.max())
-        if self.cargs and self.built and 2 * stats.get("rebuilt", 0) > stats.get("bounded", 0):
-            # most blocks' steps gave up: back to Lloyd's passes until the centers move much less
+        fresh = self.stepped  # this pass stepped on the bounds the pass before left (else stale, or none yet)
+        if self.cargs and fresh and 2 * stats.get("rebuilt", 0) > stats.get("bounded", 0):
+            # most blocks' steps on fresh bounds gave up: back to Lloyd's passes until the centers move much less
             self.settled, self.rearm = False, _REARM * biggest
         else:
             self.settled = self.bounds and (self.settled or (
                 (centers_settled(new, moves) or biggest < _SETTLING * self.last_move) and biggest < self.rearm))
-        self.built = self.built or bool(self.cargs)
+        self.stepped = bool(self.cargs)
         self.last_move = biggest
         self.centers = new
         self.n_iter += 1

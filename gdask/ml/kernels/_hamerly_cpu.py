@@ -46,6 +46,9 @@ FULL_PASS_FRACTION = 0.4
 #: (scaled to the block) exceed the step's limit, it gives up before moving anything
 _SCAN_STRIDE = 8
 
+#: a step moves the bounds of this many rows at a time (one SIMD loop), then takes the rows that fail
+_SCAN_CHUNK = 4 * TILE
+
 #: ... in runs of this many consecutive rows, one run every ``_SCAN_STRIDE`` runs: the look reads an
 #: eighth of the bounds' cache lines (every 8th row alone touched all of them: ~the cost of a full scan)
 _SCAN_RUN = 256
@@ -110,6 +113,46 @@ def _first_pass_numba(xt, w, centers, norms, sums, counts, labels, bounds, topv,
     return sxx
 
 
+@njit(inline="always")
+def _step_tile(xt, w, rows, xg, c2, cn, cmax, marg, norms, labels, upper, lower, sums, counts, dist, mind, mind2,
+               lab):  # pragma: no cover - compiled
+    """The failing ``rows`` (at most a tile) of a bounds step: gathered feature-major, their distances
+    by the full pass's tiled loop, both bounds set as a full pass sets them, and the rows that change
+    cluster moved between the sums. Returns how many changed."""
+    d = xt.shape[0]
+    m = rows.shape[0]
+    for j in range(d):  # one feature of every failing row, then the next: short forward reads
+        xrow = xt[j]
+        grow = xg[j]
+        for t in range(m):
+            grow[t] = xrow[rows[t]]
+    tile_distances(xg, 0, m, c2, cn, dist)
+    tile_argmin2(dist, m, mind, mind2, lab)
+    changed = 0
+    for t in range(m):
+        r = rows[t]
+        xn = norms[r]
+        rr = np.sqrt(xn) + cmax
+        e = marg * (rr * rr)
+        upper[r] = np.sqrt(max(xn + mind[t], 0.0) + e)
+        lower[r] = np.sqrt(max(xn + mind2[t] - e, 0.0))
+        a = labels[r]
+        b = lab[t]
+        if b != a:
+            wi = 1.0 if w is None else w[r]
+            sa = sums[a]
+            sb = sums[b]
+            for j in range(d):
+                x = wi * xg[j, t]
+                sa[j] -= x
+                sb[j] += x
+            counts[a] -= wi
+            counts[b] += wi
+            labels[r] = b
+            changed += 1
+    return changed
+
+
 @njit(nogil=True, fastmath=FASTMATH, cache=True)
 def _step_numba(xt, w, centers, norms, labels, upper, lower, sums, counts, drift, half, m1, d1, d2,  # pragma: no cover
                 limit):  # compiled
@@ -141,55 +184,37 @@ def _step_numba(xt, w, centers, norms, labels, upper, lower, sums, counts, drift
     mind = np.empty(TILE, xt.dtype)
     mind2 = np.empty(TILE, xt.dtype)
     xg = np.empty((d, TILE), xt.dtype)  # the failing rows, feature-major
-    idx = np.empty(TILE, np.int64)
+    idx = np.empty(TILE + _SCAN_CHUNK, np.int64)  # failing rows not yet looked at (less than a tile between chunks)
+    fail = np.empty(_SCAN_CHUNK, np.bool_)
     changed = 0
     looked = 0
-    i = 0
-    while i < n:
-        cnt = 0
-        while i < n and cnt < TILE:  # move the bounds by the drift; keep the rows they no longer settle
+    cnt = 0
+    for s0 in range(0, n, _SCAN_CHUNK):
+        e = min(n, s0 + _SCAN_CHUNK)
+        for i in range(s0, e):  # move the bounds by the drift, flag the rows they no longer settle (no branches)
             a = labels[i]
             u = upper[i] + drift[a]
             lo = lower[i] - (d2 if a == m1 else d1)
             upper[i] = u
             lower[i] = lo
-            if u > max(lo, half[a]):
-                idx[cnt] = i
-                cnt += 1
-            i += 1
-        if cnt == 0:
-            continue
-        looked += cnt
+            fail[i - s0] = u > max(lo, half[a])
+        start = cnt
+        for i in range(s0, e):  # the flagged rows' indices, in order (a store per row, no branch)
+            idx[cnt] = i
+            cnt += fail[i - s0]
+        looked += cnt - start
         if looked > limit:  # most rows fail their bounds: a full pass is cheaper than this step
             return -1, looked
-        for j in range(d):  # one feature of every failing row, then the next: short forward reads
-            xrow = xt[j]
-            grow = xg[j]
-            for t in range(cnt):
-                grow[t] = xrow[idx[t]]
-        tile_distances(xg, 0, cnt, c2, cn, dist)
-        tile_argmin2(dist, cnt, mind, mind2, lab)
-        for t in range(cnt):
-            r = idx[t]
-            xn = norms[r]
-            rr = np.sqrt(xn) + cmax
-            e = marg * (rr * rr)
-            upper[r] = np.sqrt(max(xn + mind[t], 0.0) + e)
-            lower[r] = np.sqrt(max(xn + mind2[t] - e, 0.0))
-            a = labels[r]
-            b = lab[t]
-            if b != a:
-                wi = 1.0 if w is None else w[r]
-                sa = sums[a]
-                sb = sums[b]
-                for j in range(d):
-                    x = wi * xg[j, t]
-                    sa[j] -= x
-                    sb[j] += x
-                counts[a] -= wi
-                counts[b] += wi
-                labels[r] = b
-                changed += 1
+        last = e == n
+        t0 = 0
+        while cnt - t0 >= TILE or (last and cnt > t0):  # full tiles of failing rows (the rest waits for more)
+            m = min(TILE, cnt - t0)
+            changed += _step_tile(xt, w, idx[t0:t0 + m], xg, c2, cn, cmax, marg, norms, labels, upper, lower, sums,
+                                  counts, dist, mind, mind2, lab)
+            t0 += m
+        for t in range(t0, cnt):
+            idx[t - t0] = idx[t]
+        cnt -= t0
     return changed, looked
 
 
