@@ -185,7 +185,12 @@ class GPUPlacement(SchedulerPlugin):
     ----------
     use_configured_speeds : bool, optional
         Seed each device's speed with the speed it reports (emulated ``device_speeds``) before
-        measurements exist. Default config ``gdask.scheduling.use-configured-speeds``.
+        measurements exist, and share a dataset's blocks among emulated devices by their configured
+        speeds: an emulated device runs at its configured speed by construction, while its measured
+        speed also counts the load of the devices it shares the machine's cores with (identical
+        emulated devices measured up to 3x apart run to run on a 2-core machine, and a share by
+        those measurements gave one of them up to three times the other's blocks). Default config
+        ``gdask.scheduling.use-configured-speeds``.
     rebalance : bool, optional
         Move cached blocks when speeds drift. Default config ``gdask.scheduling.rebalance``.
     horizon : float, optional
@@ -230,6 +235,7 @@ class GPUPlacement(SchedulerPlugin):
         self._pinned: dict[Any, str] = {}  # key -> address we restricted it to (until forgotten)
         self._families: dict[str, set[Any]] = defaultdict(set)  # cached block families
         self._stats: dict[str, dict[str, float]] = defaultdict(lambda: {"placed": 0, "done": 0, "busy": 0.0})
+        self._configured: dict[str, float] = {}  # emulated devices' configured speeds (what they run at)
         self._last_check = 0.0
         self._rebalancing: asyncio.Task | None = None
         self.moves = 0  # blocks moved by rebalancing
@@ -279,6 +285,8 @@ class GPUPlacement(SchedulerPlugin):
         speed = dev.get("speed")
         if self.use_configured_speeds and isinstance(speed, (int, float)) and speed > 0:
             self.model.set_prior(ws.address, float(speed))
+            if str(dev.get("backend", "")).startswith("emulated"):
+                self._configured[ws.address] = float(speed)
         total, used = dev.get("memory"), dev.get("memory_used")
         if isinstance(total, (int, float)) and isinstance(used, (int, float)):
             self.placer.set_memory_free(ws.address, total - used)
@@ -290,6 +298,7 @@ class GPUPlacement(SchedulerPlugin):
             return
         self.placer.remove_device(worker)
         self.model.forget_device(worker)
+        self._configured.pop(worker, None)
         running = self._candidates()
         recs = {}
         for key in [k for k, a in self._pinned.items() if a == worker]:
@@ -369,7 +378,7 @@ class GPUPlacement(SchedulerPlugin):
             members.sort(key=lambda t: t.key[1])
             sizes = [float(_arg_bytes(t) or 1) for t in members]
             devs = self._job_devices(members[0], running)
-            mapping = proportional_mapping(sizes, [self.model.speed(a) for a in devs])
+            mapping = proportional_mapping(sizes, self._share_speeds(devs))
             for t, d in zip(members, mapping):
                 self._pin(t, devs[d], t.prefix.name, 0.0, strict=True)
                 planned[t.key] = (devs[d], 0.0)
@@ -379,6 +388,13 @@ class GPUPlacement(SchedulerPlugin):
                 devs = self._job_devices(ts, running)
                 # a job's tasks are pinned strictly: stealing must not take them off its devices
                 planned[ts.key] = self._place(ts, devs, planned, confident or devs is not running)
+
+    def _share_speeds(self, devs: list[str]) -> list[float]:
+        """The speeds to share a dataset's blocks among ``devs`` by: the configured ones when every
+        device is emulated with a configured speed (see ``use_configured_speeds``), else as measured."""
+        if devs and all(a in self._configured for a in devs):
+            return [self._configured[a] for a in devs]
+        return [self.model.speed(a) for a in devs]
 
     def _job_devices(self, ts: Any, running: list[str]) -> list[str]:
         """``running`` narrowed to the devices granted to the task's ``gdask.job``, if any."""
@@ -499,7 +515,7 @@ class GPUPlacement(SchedulerPlugin):
         if len(running) < 2 or not spb or sum(self.model.measured(a) for a in running) < 2:
             return []
         index = {a: i for i, a in enumerate(running)}
-        speeds = [self.model.speed(a) for a in running]
+        speeds = self._share_speeds(running)
         moves = []
         for keys in list(self._families.values()):
             single, multi = [], []

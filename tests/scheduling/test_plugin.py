@@ -318,6 +318,38 @@ def test_blocks_rebalanced_when_measured_speeds_differ():
 
 
 
+def _skew_measured_speeds(fast, dask_scheduler=None):
+    """Feed the placement model durations that make worker ``fast`` look 3x faster than the other."""
+    plugin = dask_scheduler.plugins["gdask-placement"]
+    for _ in range(20):
+        for addr in plugin.placer.devices:
+            plugin.model.observe("skew", 1e6, addr, 0.02 if addr == fast else 0.06)
+    return {a: plugin.model.speed(a) for a in plugin.placer.devices}
+
+
+@pytest.mark.parametrize("configured", [True, False])
+def test_emulated_devices_share_blocks_by_their_configured_speeds(configured):
+    """Equal emulated devices measure each other's load (they share the cores): a new dataset's blocks
+    go by their configured speeds, not by measurements that say one is 3x faster; without
+    configured speeds, by the measurements."""
+    from distributed import Client
+
+    with dask.config.set({"gdask.scheduling.use-configured-speeds": configured,
+                          "gdask.scheduling.rebalance": False}):
+        cluster = gdask.LocalGPUCluster(n_devices=2, backend="emulated", device_memory="256MiB",
+                                        dashboard_address=":0")
+    with cluster, Client(cluster) as c:
+        fast = sorted(scheduler_workers(c))[0]
+        speeds = c.run_on_scheduler(_skew_measured_speeds, fast)
+        assert speeds[fast] > 2.5 * min(speeds.values())
+        X = gdask.from_array(np.ones((8_000, 2)), block_rows=1_000).persist()
+        counts = _counts(X, c)
+    if configured:
+        assert sorted(counts.values()) == [4, 4], counts
+    else:
+        assert sorted(counts.values()) == [2, 6], counts
+
+
 def _gather_record(states):
     return logging.LogRecord("distributed.scheduler", logging.ERROR, __file__, 1, "Couldn't gather keys: %s",
                              (states,), None)
