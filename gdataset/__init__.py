@@ -19,6 +19,7 @@ from gdask.gdataset._tracker import ExecutionLog, GTracker, incremental
 from gdask.gdataset.collective import CollectiveError, Communicator, run_on_workers
 from gdask.gdataset.engine import (
     MODES,
+    BlockIndex,
     Blocks,
     EngineResult,
     IterativeAlgorithm,
@@ -37,9 +38,9 @@ from gdask.gdataset.locality import (
 )
 
 __all__ = [
-    "BlockPlaces", "Blocks", "CollectiveError", "Communicator", "DeviceShare", "EngineResult", "ExecutionLog",
-    "GDataSet", "GTracker", "IterateResult", "IterationChannel", "IterationContext", "IterativeAlgorithm",
-    "LoopContext", "MODES", "Progress", "block_places", "block_workers", "default_block_rows",
+    "BlockIndex", "BlockPlaces", "Blocks", "CollectiveError", "Communicator", "DeviceShare", "EngineResult",
+    "ExecutionLog", "GDataSet", "GTracker", "IterateResult", "IterationChannel", "IterationContext",
+    "IterativeAlgorithm", "LoopContext", "MODES", "Progress", "block_places", "block_workers", "default_block_rows",
     "default_client_or_none", "device_call", "device_share", "drop_state", "exceeds_devices", "from_array",
     "from_dask_array", "from_dataframe", "groups_of", "incremental", "is_time_major", "iterate", "moments",
     "persisted_futures", "run_loop", "run_on_workers", "sum_parts", "time_major",

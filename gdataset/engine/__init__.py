@@ -53,10 +53,10 @@ The package, by process role:
 
 from __future__ import annotations
 
-from gdask.gdataset.engine._api import MODES, Blocks, EngineResult, IterativeAlgorithm, LoopContext
+from gdask.gdataset.engine._api import MODES, BlockIndex, Blocks, EngineResult, IterativeAlgorithm, LoopContext
 from gdask.gdataset.engine._client import device_memories, drop_state, exceeds_devices
 from gdask.gdataset.engine._interrupt import Interrupts
 from gdask.gdataset.engine._run import run_loop
 
-__all__ = ["Blocks", "EngineResult", "Interrupts", "IterativeAlgorithm", "LoopContext", "MODES", "device_memories",
-           "drop_state", "exceeds_devices", "run_loop"]
+__all__ = ["BlockIndex", "Blocks", "EngineResult", "Interrupts", "IterativeAlgorithm", "LoopContext", "MODES",
+           "device_memories", "drop_state", "exceeds_devices", "run_loop"]

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-__all__ = ["Blocks", "EngineResult", "IterativeAlgorithm", "LoopContext", "MODES", "pass_name"]
+__all__ = ["BlockIndex", "Blocks", "EngineResult", "IterativeAlgorithm", "LoopContext", "MODES", "block_arg",
+           "pass_name"]
 
 #: where a driver may run, in the order the engine prefers them
 MODES = ("workers", "client", "stream")
@@ -20,6 +21,22 @@ class Blocks:
     dataset, it is replaced by each block of that dataset (``None`` datasets give ``None``)."""
 
     name: str
+
+
+@dataclass(frozen=True)
+class BlockIndex:
+    """Passed to ``ctx.map``, it is replaced by the index of each block the call is for (e.g. to draw
+    a block's random numbers from its own seed, the same wherever the block is)."""
+
+
+def block_arg(a: Any, block: int, arrays: Any = None) -> Any:
+    """``a`` as the argument of the call for ``block``: a :class:`BlockIndex` is the block's index, a
+    :class:`Blocks` handle that block of its dataset (from ``arrays``, by name), anything else itself."""
+    if isinstance(a, BlockIndex):
+        return block
+    if isinstance(a, Blocks) and arrays is not None:
+        return arrays.get(a.name)
+    return a
 
 
 class IterativeAlgorithm:
@@ -117,8 +134,8 @@ class LoopContext:
     def map(self, func: Callable, *args: Any, blocks: Sequence[int] | None = None, name: str | None = None,
             **kwargs: Any) -> list:
         """``func(*args_b, **kwargs)`` for every block ``b`` (or the ``blocks`` given), where each
-        :class:`Blocks` argument is replaced by its dataset's block ``b``; the results, as host data,
-        in block order (every rank gets all of them)."""
+        :class:`Blocks` argument is replaced by its dataset's block ``b`` and a :class:`BlockIndex`
+        by ``b``; the results, as host data, in block order (every rank gets all of them)."""
         raise NotImplementedError
 
     def reduce(self, chunk: Callable, combine: Callable[[list], Any], *args: Any, name: str | None = None,

@@ -32,7 +32,7 @@ from gdask.gdataset import _blocks
 from gdask.gdataset._core import GDataSet, _Operands, device_layer
 from gdask.gdataset.collective import CollectiveError, run_on_workers
 from gdask.gdataset.engine import _worker
-from gdask.gdataset.engine._api import Blocks, IterativeAlgorithm, LoopContext, pass_name
+from gdask.gdataset.engine._api import Blocks, IterativeAlgorithm, LoopContext, block_arg, pass_name
 from gdask.gdataset.engine._events import CheckpointEvents, LoopEvents, loop_topic
 from gdask.gdataset.engine._plan import Situation
 from gdask.gdataset.engine._records import Records
@@ -168,7 +168,7 @@ class ClientContext(LoopContext):
         part = f"{prefix}-{token}"
         layer = dict(ops.graph)
         for gi, g in enumerate(groups):
-            flat = [a for b in g for a in ops.block_args(b)]
+            flat = [block_arg(a, b) for b in g for a in ops.block_args(b)]
             layer[(part, gi)] = Task((part, gi), _blocks.group_map_op, func, len(flat) // len(g), *flat, **kwargs)
         graph = HighLevelGraph.from_collections(part, device_layer(layer, "reduce"), dependencies=ops.deps)
         return [Delayed((part, gi), graph, layer=part) for gi in range(len(groups))]

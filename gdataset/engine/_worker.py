@@ -24,7 +24,7 @@ from gdask import protocol
 from gdask.devices import context
 from gdask.gdataset import _blocks
 from gdask.gdataset.collective import CollectiveError
-from gdask.gdataset.engine._api import Blocks, IterativeAlgorithm, LoopContext, pass_name
+from gdask.gdataset.engine._api import BlockIndex, Blocks, IterativeAlgorithm, LoopContext, block_arg, pass_name
 from gdask.window_cache import worker_store
 
 __all__ = ["RankResult", "RankTask", "StoreBlocks", "StoreKey", "WorkersContext", "checkpoint_space",
@@ -154,9 +154,10 @@ class WorkersContext(LoopContext):
         memory = getattr(getattr(_blocks.current_device(), "spec", None), "memory", None)
         return int(memory) if memory else None
 
-    def _call(self, func, args, kwargs, blocks: dict[str, Any]) -> Any:
+    def _call(self, func, args, kwargs, blocks: dict[str, Any], b: int) -> Any:
         # host operands reach the device through it, as in the tasks of the client loop
-        resolved = [blocks.get(a.name) if isinstance(a, Blocks) else _blocks.on_device(a) for a in args]
+        resolved = [block_arg(a, b, blocks) if isinstance(a, (Blocks, BlockIndex)) else _blocks.on_device(a)
+                    for a in args]
         return func(*resolved, **kwargs)
 
     def each_block(self, func, args, kwargs, wanted: set[int] | None = None,
@@ -171,7 +172,7 @@ class WorkersContext(LoopContext):
             if wanted is not None and b not in wanted:
                 continue
             t = time.perf_counter()
-            r = _blocks.to_host(dev.compute(self._call, func, args, kwargs, arrays))
+            r = _blocks.to_host(dev.compute(self._call, func, args, kwargs, arrays, b))
             if observe is not None:
                 nbytes = sum(int(getattr(arrays.get(a.name), "nbytes", 0) or 0) for a in args if isinstance(a, Blocks))
                 self.observed.append((observe, nbytes, time.perf_counter() - t))

@@ -84,3 +84,31 @@ def test_restarts_are_bounded(client, data):
     with dask.config.set({"gdask.engine.max-restarts": 1}), \
             pytest.raises(CollectiveError, match="failed 2 times.*last finished iteration is 0"):
         run_loop(BlockSums(fail="always"), {"X": gdask.from_array(x, block_rows=100)}, {"total": 0.0})
+
+
+def _first_row_and_index(blk, b):
+    return (b, float(blk[0, 0]))
+
+
+class BlockIndexes(IterativeAlgorithm):
+    """One pass that gets each block's index next to the block (``BlockIndex``)."""
+
+    name = "block-indexes"
+
+    def run(self, state, ctx):
+        from gdask.gdataset import BlockIndex
+
+        got = ctx.map(_first_row_and_index, ctx.data["X"], BlockIndex())
+        ctx.checkpoint(got)
+        return got
+
+
+@pytest.mark.parametrize("where", ["here", "workers"])
+def test_block_index_is_each_blocks_index(data, where, request):
+    x, _ = data
+    if where == "workers":
+        request.getfixturevalue("client")
+    G = gdask.from_array(x, block_rows=100).persist()
+    res = run_loop(BlockIndexes(), {"X": G}, None)
+    assert res.mode == ("workers" if where == "workers" else "client")
+    assert res.state == [(b, float(x[100 * b, 0])) for b in range(10)]

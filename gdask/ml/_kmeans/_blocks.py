@@ -83,14 +83,15 @@ def nearest_total(blk, cands, sizes, token, w=None):
     return kernels.weighted_total(_nearest(blk, cands, sizes, token).mind, w)
 
 
-def sample_nearest(blk, cands, sizes, token, factor, phi, seed, w=None):
+def sample_nearest(blk, cands, sizes, token, factor, phi, seeds, b, w=None):
     """k-means|| oversampling: keep each row with probability ``factor * w d(x)^2 / phi``, ``d(x)``
-    the distance to its nearest candidate. The draws are made on the host (a seeded NumPy
-    generator: the same rows on every backend)."""
+    the distance to its nearest candidate. The draws are made on the host, from the NumPy generator
+    seeded with ``seeds[b]`` (``b``: the block's index): the same rows on every backend, wherever the
+    block is."""
     d2 = np.asarray(to_numpy(_nearest(blk, cands, sizes, token).mind), dtype=np.float64)
     if w is not None:
         d2 = d2 * to_numpy(w)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seeds[b])
     keep = np.nonzero(rng.random(d2.shape[0]) < factor * d2 / phi)[0]
     return to_numpy(take(blk, keep))
 

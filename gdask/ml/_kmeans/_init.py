@@ -3,14 +3,25 @@ a callable or an array; sample weights weigh the draws."""
 
 from __future__ import annotations
 
-import uuid
+import copy
+from dataclasses import dataclass, replace
 from typing import Any
 
 import dask
 import numpy as np
 
 from gdask.devices import is_sparse, sparse_vstack, to_numpy
-from gdask.gdataset import GDataSet, default_client_or_none, device_call, drop_state, sum_parts
+from gdask.gdataset import (
+    BlockIndex,
+    Blocks,
+    GDataSet,
+    IterativeAlgorithm,
+    LoopContext,
+    Progress,
+    device_call,
+    run_loop,
+    sum_parts,
+)
 from gdask.ml._kmeans._blocks import nearest_counts, nearest_total, sample_nearest, take_rows, take_sparse_rows
 
 __all__ = ["choice", "initial_centers", "rows", "sparse_kmeanspp", "weighted_kmeanspp"]
@@ -113,38 +124,81 @@ def initial_centers(est: Any, X: GDataSet, rng: np.random.Generator, w: np.ndarr
     return _kmeans_parallel(est, X, rng, p, W)
 
 
+@dataclass
+class ParallelState:
+    """k-means|| between rounds: the groups of candidates so far (the first row, then each round's
+    draws), the generator the draws come from, the rounds done, and the fit's token (the key of the
+    blocks' nearest-candidate state on the workers)."""
+
+    groups: list
+    rng: np.random.Generator
+    rounds: int = 0
+    done: bool = False  # every row sits on a candidate: no more draws
+    token: str = ""
+
+    def copy(self) -> ParallelState:
+        return replace(self, groups=list(self.groups), rng=copy.deepcopy(self.rng))
+
+    def candidates(self) -> tuple[np.ndarray, tuple[int, ...]]:
+        """All candidates in order, and the sizes of their groups."""
+        return np.concatenate(self.groups, axis=0), tuple(int(g.shape[0]) for g in self.groups)
+
+
+class ParallelInit(IterativeAlgorithm):
+    """k-means|| (Bahmani et al. 2012) on the iteration engine: each round sums the blocks' cost (every
+    row's squared distance to its nearest candidate) and draws each row with probability
+    ``factor * w d(x)^2 / cost``. With a Client and data on the devices the rounds run in one task per
+    worker (no round trip per round); each block keeps its nearest candidate between rounds
+    (:func:`gdask.ml._kmeans._blocks.nearest_total`), so a round computes the distances to the last
+    round's draws only. The final pass weighs each candidate by the rows nearest to it."""
+
+    name = "kmeans-init"
+
+    def __init__(self, rounds: int, factor: float, weighted: bool) -> None:
+        self.rounds = int(rounds)
+        self.factor = float(factor)
+        self.weighted = bool(weighted)
+
+    def _wargs(self) -> tuple:
+        return (Blocks("W"),) if self.weighted else ()
+
+    def run(self, state: ParallelState, ctx: LoopContext) -> ParallelState:
+        st = state.copy()
+        st.token = ctx.token
+        X = ctx.data["X"]
+        while st.rounds < self.rounds and not st.done:
+            cands, sizes = st.candidates()
+            phi = sum_parts(ctx.map(nearest_total, X, cands, sizes, st.token, *self._wargs(), name="kmeans-phi"))
+            if phi <= 0:
+                st.done = True
+            else:
+                seeds = tuple(int(v) for v in st.rng.integers(0, 2**63 - 1, size=ctx.nblocks))
+                new = ctx.map(sample_nearest, X, cands, sizes, st.token, self.factor, phi, seeds, BlockIndex(),
+                              *self._wargs(), name="kmeans-draws")
+                new = np.concatenate(new, axis=0)
+                if new.shape[0]:
+                    st.groups.append(new)
+                st.rounds += 1
+            ctx.checkpoint(st.copy(), line=f"k-means|| round {st.rounds}: {sum(st.candidates()[1])} candidates")
+        return st
+
+    def final(self, state: ParallelState) -> tuple:
+        cands, sizes = state.candidates()
+        return nearest_counts, (Blocks("X"), cands, sizes, state.token, *self._wargs()), {}
+
+
 def _kmeans_parallel(est: Any, X: GDataSet, rng: np.random.Generator, p: np.ndarray | None,
                      W: GDataSet | None) -> np.ndarray:
-    """k-means|| (Bahmani et al. 2012): rounds of oversampling by the squared distance to the
-    candidates so far, then weighted k-means++ on the candidates. Each block keeps its rows' nearest
-    candidate between rounds (in its worker's state space, dropped at the end), so a round computes
-    distances to the candidates the last round drew only: ~``oversampling_factor * n_clusters`` per
-    row and round."""
+    """k-means|| (:class:`ParallelInit`), then weighted k-means++ on the candidates; too few
+    candidates (rows on few distinct points) are completed with random rows."""
     n, k = X.shape[0], est.n_clusters
-    groups = [rows(X, rng.choice(n, size=1, p=p))]
-    factor = est.oversampling_factor * k
-    wargs = () if W is None else (W,)
-    token = f"kmeans-init-{uuid.uuid4().hex}"
-    try:
-        for _ in range(est.init_max_iter):
-            cands, sizes = np.concatenate(groups), tuple(g.shape[0] for g in groups)
-            phi = X.reduce_blocks(nearest_total, sum_parts, cands, sizes, token, *wargs, name="kmeans-phi").compute()
-            if phi <= 0:
-                break
-            seeds = rng.integers(0, 2**63 - 1, size=X.nblocks)
-            new = dask.compute(*[dask.delayed(device_call)(sample_nearest, X.block(b), cands, sizes, token, factor, phi,
-                                                           int(seeds[b]), None if W is None else W.block(b))
-                                 for b in range(X.nblocks)])
-            new = np.concatenate(new, axis=0)
-            if new.shape[0]:
-                groups.append(new)
-        cands, sizes = np.concatenate(groups), tuple(g.shape[0] for g in groups)
-        if cands.shape[0] <= k:  # too few candidates: they and random rows are the centers
-            extra = rows(X, choice(rng, n, k - cands.shape[0] + 1, p))
-            return np.concatenate([cands, extra])[:k].astype(X.dtype)
-        weights = X.reduce_blocks(nearest_counts, sum_parts, cands, sizes, token, *wargs,
-                                  name="kmeans-weights").compute()
-    finally:
-        drop_state(default_client_or_none(), token)
-    weights = np.maximum(weights, 1e-12)
+    state = ParallelState([rows(X, rng.choice(n, size=1, p=p))], rng)
+    algo = ParallelInit(est.init_max_iter, est.oversampling_factor * k, weighted=W is not None)
+    res = run_loop(algo, {"X": X, "W": W}, state, progress=Progress(0))
+    cands, _ = res.state.candidates()
+    rng.bit_generator.state = res.state.rng.bit_generator.state  # the fit's generator goes on from the draws
+    if cands.shape[0] <= k:  # too few candidates: they and random rows are the centers
+        extra = rows(X, choice(rng, n, k - cands.shape[0] + 1, p))
+        return np.concatenate([cands, extra])[:k].astype(X.dtype)
+    weights = np.maximum(sum_parts(res.finals), 1e-12)
     return weighted_kmeanspp(cands.astype(np.float64), weights, k, rng).astype(X.dtype)
