@@ -28,10 +28,15 @@ import numpy as np
 from gdask._compat import scheduler_workers
 
 
-def make_data(n, d, k, seed=0):
+def make_data(n, d, k, seed=0, kind="blobs"):
+    """``kind`` "blobs": k unit-variance clusters around centers in [-10, 10]^d; "uniform": no clusters
+    (uniform in [-1, 1]^d: rows near many boundaries, the centers creep for hundreds of iterations)."""
     rng = np.random.default_rng(seed)
-    centers = rng.uniform(-10, 10, size=(k, d)).astype(np.float32)
-    X = centers[rng.integers(0, k, n)] + rng.standard_normal((n, d), dtype=np.float32)
+    if kind == "uniform":
+        X = rng.uniform(-1, 1, size=(n, d)).astype(np.float32)
+    else:
+        centers = rng.uniform(-10, 10, size=(k, d)).astype(np.float32)
+        X = centers[rng.integers(0, k, n)] + rng.standard_normal((n, d), dtype=np.float32)
     init = X[rng.choice(n, k, replace=False)].copy()
     return X, init
 
@@ -120,6 +125,28 @@ def gdask_fit(X, init, iters, algorithm="auto", worker_loop=True, loop=None):
     return fit
 
 
+def default_fits(G, X, k, repeat):
+    """Whole fits with every parameter at its default (what a user's ``KMeans(k).fit(X)`` does: gdask's
+    k-means|| init, scikit-learn's greedy k-means++; tol 1e-4; both stop when converged), seeds 0 ..
+    repeat - 1, gdask and scikit-learn in turn: ``[(seed, gdask s, its iterations, inertia, sklearn s,
+    its iterations, inertia)]``."""
+    from sklearn.cluster import KMeans as SK
+
+    from gdask.ml import KMeans
+
+    out = []
+    for seed in range(repeat):
+        t = time.perf_counter()
+        g = KMeans(k, random_state=seed).fit(G)
+        tg = time.perf_counter() - t
+        with _common.all_cores():
+            t = time.perf_counter()
+            s = SK(k, random_state=seed).fit(X)
+            ts = time.perf_counter() - t
+        out.append((seed, tg, g.n_iter_, float(g.inertia_), ts, s.n_iter_, float(s.inertia_)))
+    return out
+
+
 def run_dask_ml(X, init, iters, repeat):
     import dask.array as da
     from dask_ml.cluster import KMeans
@@ -178,9 +205,14 @@ def main(argv=None):
                    choices=["sklearn", "sklearn-elkan", "dask-ml", "dask-array", "gdask-lloyd", "gdask-client-loop"])
     p.add_argument("--repeat", type=int, default=3, help="fits per implementation; the fastest counts")
     p.add_argument("--json", default=None, help="write results to this file")
+    p.add_argument("--data", default="blobs", choices=["blobs", "uniform"],
+                   help="clustered rows (default) or uniform rows without clusters")
+    p.add_argument("--default-fits", type=int, default=2,
+                   help="whole fits with default parameters (k-means|| / k-means++, tol 1e-4), gdask and "
+                        "scikit-learn in turn (0: none)")
     a = p.parse_args(argv)
     n = a.rows or (2_000_000 if a.backend == "emulated" else 50_000_000)
-    X, init = make_data(n, a.features, a.clusters)
+    X, init = make_data(n, a.features, a.clusters, kind=a.data)
     from distributed import Client
 
     import gdask
@@ -205,6 +237,9 @@ def main(argv=None):
         best = interleaved(fits, a.repeat)
         results = {name: (t / it, c, it) for name, (t, c, it) in best.items()}
         gdask_loop = min(loop)
+        defaults = []
+        if a.default_fits and "sklearn" not in a.skip:
+            defaults = default_fits(gdask.from_array(X).persist(), X, a.clusters, a.default_fits)
         if "dask-ml" not in a.skip:
             results["dask-ml"] = run_dask_ml(X, init, a.iterations, a.repeat)
         if "dask-array" not in a.skip:
@@ -212,7 +247,7 @@ def main(argv=None):
         ndev = len(cluster.device_specs)
     ref_name = "scikit-learn" if "scikit-learn" in results else "gdask"
     ref_t, ref_c, _ = results[ref_name]
-    print(f"\nK-means {n:,} x {a.features} float32, K={a.clusters}, {a.iterations} iterations (tol=0), "
+    print(f"\nK-means {n:,} x {a.features} float32 ({a.data}), K={a.clusters}, {a.iterations} iterations (tol=0), "
           f"gdask on {ndev} {kind} device(s){' (emulated: CPU figures)' if kind == 'emulated' else ''}; "
           f"whole fit / iterations, best of {a.repeat}")
     setup = _common.setup(["scikit-learn", "numba", "dask-ml"], dtype="float32 (every implementation)",
@@ -230,6 +265,12 @@ def main(argv=None):
     for name in ("dask-ml", "dask.array loop", "gdask (client loop)"):
         if name in results:
             print(f"{name} / gdask: {results[name][0] / results['gdask'][0]:.2f}x")
+    if defaults:
+        print("\nwhole fits, default parameters (seed = random_state; the same data, in turn):")
+        print(f"{'seed':>4}{'gdask s':>10}{'iters':>7}{'inertia':>14}{'sklearn s':>11}{'iters':>7}{'inertia':>14}"
+              f"{'ratio':>8}")
+        for seed, tg, ig, eg, ts, is_, es in defaults:
+            print(f"{seed:>4}{tg:>10.3f}{ig:>7}{eg:>14.6g}{ts:>11.3f}{is_:>7}{es:>14.6g}{tg / ts:>8.3f}")
     bytes_pass = X.nbytes
     print(f"one pass over X reads {bytes_pass / 1e6:.0f} MB; at gdask's time that is "
           f"{bytes_pass / results['gdask'][0] / 1e9:.2f} GB/s")
@@ -245,7 +286,10 @@ def main(argv=None):
                        "k": a.clusters,
                        "iterations": a.iterations, "repeat": a.repeat,
                        "gdask_loop_ms_per_iter": gdask_loop * 1e3,
-                       "read_bandwidth_gb_s": None if bw is None else bw / 1e9, "results": rows}, f, indent=2)
+                       "read_bandwidth_gb_s": None if bw is None else bw / 1e9, "results": rows, "data": a.data,
+                       "default_fits": [dict(zip(("seed", "gdask_s", "gdask_iter", "gdask_inertia", "sklearn_s",
+                                                  "sklearn_iter", "sklearn_inertia"), r)) for r in defaults]},
+                      f, indent=2)
 
 
 if __name__ == "__main__":

@@ -112,6 +112,15 @@ def _check_logistic(d):
         assert r["coef_diff"] < 1e-3, r
 
 
+def _check_kmeans(d):
+    rows = {r["name"]: r for r in d["results"]}
+    assert {"gdask", "scikit-learn"} <= set(rows) and rows["gdask"]["center_diff"] < 1e-3
+    fits = d["default_fits"]  # whole fits with default parameters, side by side
+    assert len(fits) == 2 and all(f["gdask_s"] > 0 and f["sklearn_s"] > 0 for f in fits)
+    for f in fits:  # both converge to a clustering about as good (the 4 clusters of the data)
+        assert f["gdask_inertia"] <= 1.05 * f["sklearn_inertia"], f
+
+
 def _check_incremental(d):
     loop = d["loop"]
     assert len(loop["dask.array persisted"]) == len(loop["dask.array"]) == len(loop["gdask"])
@@ -178,7 +187,7 @@ CHECKS = {"decomposition": _check_agreement("var rel diff", 1e-6),
           "mixture": _check_agreement("means rel diff", 1e-6),
           "window": _check_window, "lstm": _check_lstm, "sharing": _check_sharing, "logistic": _check_logistic,
           "incremental": _check_incremental, "load_balance": _check_load_balance, "cycles": _check_cycles,
-          "chaos": _check_chaos, "collective": _check_collective}
+          "chaos": _check_chaos, "collective": _check_collective, "kmeans": _check_kmeans}
 
 
 @pytest.mark.slow
