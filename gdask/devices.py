@@ -9,6 +9,7 @@ from __future__ import annotations
 from gdask._devices import (
     BACKENDS,
     DEVICE_BACKENDS,
+    BufferPool,
     DeviceSpec,
     EmulatedDevice,
     EmulatedPool,
@@ -55,6 +56,7 @@ from gdask._devices._strict import StrictDevice, is_strict  # array-api-strict i
 
 __all__ = [
     "BACKENDS",
+    "BufferPool",
     "DEVICE_BACKENDS",
     "DeviceSpec",
     "EmulatedDevice",

@@ -72,12 +72,7 @@ class EmulatedTier:
 
     def owns(self, x: Any) -> bool:
         """Whether ``x`` is a device array (charged to this device's pool)."""
-        if not isinstance(x, np.ndarray):
-            return False
-        owns = getattr(self.pool, "owns", None)
-        if owns is not None:
-            return bool(owns(x))
-        return id(_root(x)) in self.pool._owned
+        return isinstance(x, np.ndarray) and bool(self.pool.owns(x))
 
     def alloc(self, host: np.ndarray) -> np.ndarray:
         """A device buffer for ``host`` (same shape, dtype, layout), charged to the pool now;

@@ -11,12 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gdask import config
+from gdask._devices._buffers import BufferPool
 from gdask._devices._emulated import EmulatedDevice, EmulatedPool
 from gdask._devices._spec import BACKENDS, DEVICE_BACKENDS, DeviceSpec, parse_size
 from gdask._errors import NoDeviceError
 
 __all__ = [
     "BACKENDS",
+    "BufferPool",
     "DEVICE_BACKENDS",
     "DeviceSpec",
     "EmulatedDevice",

@@ -16,18 +16,30 @@ import numpy as np
 from dask.utils import format_bytes
 
 from gdask._devices._base import DeviceBase
+from gdask._devices._buffers import BufferPool, lease_nbytes
 from gdask._devices._spec import DeviceSpec
 from gdask._errors import DeviceMemoryError
 
 
-def _root(arr: np.ndarray) -> np.ndarray:
+def _root(arr: np.ndarray) -> Any:
+    """What owns ``arr``'s memory: its first ancestor array, or the :class:`BufferPool` lease under it."""
     while isinstance(arr.base, np.ndarray):
         arr = arr.base
-    return arr
+    return arr.base if lease_nbytes(arr.base) is not None else arr
+
+
+def _owned_nbytes(owner: Any) -> int:
+    n = lease_nbytes(owner)
+    return int(owner.nbytes) if n is None else n
 
 
 class EmulatedPool:
     """A byte budget that arrays are charged against until they are garbage collected.
+
+    As a device's memory pool (RMM's on a GPU), it keeps the memory of freed arrays for the next ones
+    of the same size (:class:`~gdask._devices._buffers.BufferPool`, up to ``keep`` bytes of free
+    buffers): blocks that come and go (the window cache's, a stream of batches) would otherwise each
+    pay their page faults in a worker process.
 
     Parameters
     ----------
@@ -35,9 +47,11 @@ class EmulatedPool:
         Bytes the pool may hand out.
     name : str
         Used in error messages.
+    keep : int, optional
+        Bytes of freed buffers kept for reuse (default: an eighth of the budget, at most 256 MiB).
     """
 
-    def __init__(self, budget: int, name: str = "emulated device") -> None:
+    def __init__(self, budget: int, name: str = "emulated device", keep: int | None = None) -> None:
         if budget <= 0:
             raise ValueError(f"pool budget must be positive, got {budget}")
         self.budget = int(budget)
@@ -45,7 +59,8 @@ class EmulatedPool:
         self._used = 0
         self._peak = 0
         self._lock = threading.Lock()
-        self._owned: dict[int, int] = {}  # id(root array) -> nbytes
+        self._owned: dict[int, int] = {}  # id(owner: root array or lease) -> nbytes
+        self.buffers = BufferPool(max_bytes=min(self.budget // 8, 256 << 20) if keep is None else int(keep))
 
     @property
     def used(self) -> int:
@@ -81,6 +96,10 @@ class EmulatedPool:
             self._used -= nbytes
             self._owned.pop(key, None)
 
+    def owns(self, x: Any) -> bool:
+        """Whether ``x`` (or the array it is a view of) is charged to this pool."""
+        return isinstance(x, np.ndarray) and id(_root(x)) in self._owned
+
     def adopt(self, arr: Any) -> Any:
         """Charge ``arr``'s memory to the pool until it is freed. Views of owned arrays are free."""
         if not isinstance(arr, np.ndarray):
@@ -89,7 +108,7 @@ class EmulatedPool:
         key = id(root)
         if key in self._owned:
             return arr
-        nbytes = int(root.nbytes)
+        nbytes = _owned_nbytes(root)
         self._charge(nbytes)
         self._owned[key] = nbytes
         weakref.finalize(root, self._release, key, nbytes)
@@ -97,17 +116,25 @@ class EmulatedPool:
 
     def empty(self, shape: tuple[int, ...], dtype: Any, order: str = "F") -> np.ndarray:
         """Allocate an uninitialised array from the pool."""
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        dt = np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64))
+        nbytes = count * dt.itemsize
         self._charge(nbytes)  # raise before touching host memory
         try:
-            arr = np.empty(shape, dtype=dtype, order=order)
+            lease = self.buffers.take(nbytes) if nbytes >= self.buffers.min_bytes else None
+            if lease is None:
+                arr = owner = np.empty(shape, dtype=dt, order=order)
+            else:  # a reused buffer: every view of the array refers to the lease, which owns the memory
+                arr = np.frombuffer(lease, dtype=dt, count=count).reshape(shape, order=order)
+                owner = lease
         except BaseException:
             with self._lock:
                 self._used -= nbytes
             raise
-        key = id(arr)
-        self._owned[key] = nbytes
-        weakref.finalize(arr, self._release, key, nbytes)
+        key = id(owner)
+        with self._lock:
+            self._owned[key] = nbytes
+        weakref.finalize(owner, self._release, key, nbytes)
         return arr
 
 
@@ -164,7 +191,7 @@ class EmulatedDevice(DeviceBase):
     def adopt(self, result: Any) -> Any:
         """Charge a task's array results to this device's pool."""
         if isinstance(result, np.ndarray):
-            return self.with_room(int(_root(result).nbytes), lambda: self.pool.adopt(result), "a task result")
+            return self.with_room(_owned_nbytes(_root(result)), lambda: self.pool.adopt(result), "a task result")
         if isinstance(result, (tuple, list)):
             for r in result:
                 self.adopt(r)

@@ -16,20 +16,18 @@ deadline.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import selectors
 import shutil
 import socket
 import struct
 import tempfile
-import threading
 import time
-import weakref
 from typing import Any, Callable, Sequence
 
-import numpy as np
 from distributed.protocol import pickle
+
+from gdask.devices import BufferPool
 
 __all__ = ["Direct", "DirectError", "LoopStopped", "PeerCancelled", "Waker", "connect", "frames", "listen",
            "same_host", "unlisten"]
@@ -127,47 +125,11 @@ class _Out:
         return True
 
 
-class Buffers:
-    """Receive buffers of a task's direct connections, reused from step to step. A large frame comes
-    into a lease (a ctypes array over a kept buffer); the value unpickled from it holds the lease, and when
-    the last holder drops it, the buffer is free for another frame (:func:`weakref.finalize`). Fresh
-    memory for every large frame cost its page faults: 2.5 ms per 4 MiB frame in a worker process
-    (distributed sets ``MALLOC_TRIM_THRESHOLD_``, so glibc maps every large block anew), twice the
-    frame's time on the socket. Frames under ``min_bytes`` are allocated as they come; free buffers
-    beyond ``max_bytes`` in all are let go, oldest first."""
-
-    def __init__(self, min_bytes: int = 64 * 1024, max_bytes: int = 128 << 20) -> None:
-        self.min_bytes = int(min_bytes)
-        self.max_bytes = int(max_bytes)
-        self.allocated = 0  # buffers made so far (the rest of the frames reused one)
-        self._free: list[np.ndarray] = []  # oldest first
-        self._lock = threading.Lock()  # a lease may end in any thread
-
-    def take(self, n: int) -> Any:
-        """A writable buffer of exactly ``n`` bytes (its old contents, to be overwritten)."""
-        if n < self.min_bytes:
-            return bytearray(n)
-        with self._lock:
-            kept = next((i for i, b in enumerate(self._free) if b.nbytes == n), None)
-            buf = None if kept is None else self._free.pop(kept)
-        if buf is None:
-            buf = np.empty(n, np.uint8)
-            self.allocated += 1
-        # not a NumPy view: an array made from that would refer to ``buf`` itself, and the lease would end early
-        lease = (ctypes.c_ubyte * n).from_buffer(buf)
-        weakref.finalize(lease, self._give, buf).atexit = False
-        return lease
-
-    def free_bytes(self) -> int:
-        with self._lock:
-            return sum(b.nbytes for b in self._free)
-
-    def _give(self, buf: np.ndarray) -> None:
-        with self._lock:
-            self._free.append(buf)
-            total = sum(b.nbytes for b in self._free)
-            while total > self.max_bytes:
-                total -= self._free.pop(0).nbytes
+#: receive buffers of a task's direct connections, reused from step to step: a large frame comes into a
+#: lease of a kept buffer, and the value unpickled from it holds the lease (fresh memory for every
+#: large frame cost its page faults: 2.5 ms per 4 MiB frame in a worker process, twice the frame's
+#: time on the socket)
+Buffers = BufferPool
 
 
 class _In:

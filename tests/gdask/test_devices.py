@@ -99,3 +99,36 @@ def test_info_reports_backend():
     d = info()
     assert d["backend"] in ("cuda", "emulated")
     assert "gdask backend" in format_info(d)
+
+
+def test_emulated_pool_reuses_freed_memory_and_views_keep_it():
+    """A freed block's memory goes to the next block of its size (as a device pool does: fresh memory
+    costs its page faults in a worker); a view of a freed array keeps the memory and its values."""
+    import gc
+
+    from gdask._devices import EmulatedPool
+
+    pool = EmulatedPool(64 << 20)
+    a = pool.empty((50_000, 4), np.float32, order="F")
+    assert a.flags.f_contiguous and a.flags.writeable and pool.owns(a)
+    a[...] = 7.0
+    view = a[100:200].T
+    assert pool.owns(view)
+    del a
+    gc.collect()
+    assert pool.used == 800_000  # the view holds the memory
+    b = pool.empty((50_000, 4), np.float32)
+    b[...] = 1.0
+    assert float(view.min()) == 7.0 and pool.buffers.allocated == 2  # not handed out while the view lives
+    del view, b
+    gc.collect()
+    assert pool.used == 0 and pool.buffers.free_bytes() == 1_600_000
+    for _ in range(3):
+        c = pool.empty((50_000, 4), np.float32)
+        pool.adopt(c[5:])  # a view of a pool array is not charged again
+        assert pool.used == 800_000
+        del c
+        gc.collect()
+    assert pool.buffers.allocated == 2  # reused
+    small = pool.empty((10, 4), np.float32)  # under the pool's smallest reused size: a plain array
+    assert small.base is None and pool.used == 160
