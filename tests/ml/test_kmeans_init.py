@@ -97,3 +97,19 @@ def test_block_functions_match_brute_force(blobs):
     expect = np.bincount(d2.argmin(1), weights=w, minlength=cands.shape[0])
     np.testing.assert_allclose(counts, expect)
     assert token not in context().state.tokens() or not context().state.get(token, create=False)
+
+
+def test_a_state_of_other_candidates_is_not_used(blobs):
+    """A block whose state holds more rounds than asked for (a loop resumed from an earlier
+    checkpoint) starts again from the candidates it is given."""
+    blk = np.asfortranarray(blobs[:1500])
+    rng = np.random.default_rng(3)
+    groups = [blobs[rng.choice(len(blobs), m)] for m in (1, 6, 5)]
+    d2 = ((blk[:, None, :].astype(np.float64) - np.concatenate(groups)[None].astype(np.float64)) ** 2).sum(-1)
+    token = "kmeans-init-test-resumed"
+    try:
+        _blocks.nearest_total(blk, np.concatenate(groups), (1, 6, 5), token)
+        total = _blocks.nearest_total(blk, np.concatenate(groups[:2]), (1, 6), token)
+    finally:
+        context().state.drop(token)
+    assert total == pytest.approx(float(d2[:, :7].min(1).sum()), rel=1e-5)

@@ -58,8 +58,8 @@ def _nearest(blk, cands, sizes, token):
     kept its state. A row's candidate changes only for a strictly nearer one (ties: the first)."""
     space = worker_state(token)
     st = space.get(id(blk))
-    if st is not None and st.ref() is not blk:
-        st = None
+    if st is not None and (st.ref() is not blk or st.groups > len(sizes) or st.seen != sum(sizes[:st.groups])):
+        st = None  # another block's, or of other candidates (a loop resumed elsewhere): start again
     start = 0 if st is None else st.seen
     for size in sizes[0 if st is None else st.groups:]:
         label, mind = kernels.assign(blk, cands[start:start + size, :])
