@@ -125,17 +125,10 @@ class _Out:
         return True
 
 
-#: receive buffers of a task's direct connections, reused from step to step: a large frame comes into a
-#: lease of a kept buffer, and the value unpickled from it holds the lease (fresh memory for every
-#: large frame cost its page faults: 2.5 ms per 4 MiB frame in a worker process, twice the frame's
-#: time on the socket)
-Buffers = BufferPool
-
-
 class _In:
     """One message coming from one peer, read as it arrives (its frames in ``buffers``)."""
 
-    def __init__(self, buffers: Buffers | None = None) -> None:
+    def __init__(self, buffers: BufferPool | None = None) -> None:
         self.buffers = buffers
         self.head = bytearray(_HEAD.size)
         self.got = 0
@@ -194,7 +187,10 @@ class Direct:
     def __init__(self, rank: int, socks: dict[int, socket.socket]) -> None:
         self.rank = rank
         self.socks = socks
-        self.buffers = Buffers()
+        # receive buffers reused from step to step: a large frame comes into a lease of a kept buffer, and the
+        # value unpickled from it holds the lease (fresh memory for every large frame cost its page faults:
+        # 2.5 ms per 4 MiB frame in a worker process, twice the frame's time on the socket)
+        self.buffers = BufferPool()
         for s in socks.values():
             s.setblocking(False)
             for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):  # megabyte values in a few calls (the

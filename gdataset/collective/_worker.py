@@ -65,7 +65,7 @@ def _remember(d: OrderedDict, key: Any, value: Any) -> None:
 #: values whose frames take more than this many bytes go through distributed's worker RPC also when
 #: the tasks are connected directly (measured between two workers here, 4 MiB a step: 0.9 ms over the
 #: sockets with reused receive buffers, 6.2 ms by RPC; the sockets were slower, 7 ms, while every frame
-#: came into fresh memory): what bounds the receive buffers a task keeps (:class:`._direct.Buffers`)
+#: came into fresh memory): what bounds the receive buffers a task keeps (:class:`gdask.devices.BufferPool`)
 _DIRECT_MAX = 64 << 20
 assert _DIRECT_MAX > _SMALL  # a direct value too large for the socket goes by RPC unpacked
 

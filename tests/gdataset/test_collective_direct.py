@@ -13,6 +13,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 from gdask._compat import scheduler_workers
+from gdask.devices import BufferPool
 from gdask.gdataset.collective import CollectiveError, _direct, run_on_workers
 from gdask.gdataset.collective._worker import Communicator, Mailbox
 
@@ -263,7 +264,7 @@ def _storage(lease):
 
 
 def test_receive_buffers_are_reused_only_once_nobody_holds_them():
-    pool = _direct.Buffers(min_bytes=1000, max_bytes=12_000)
+    pool = BufferPool(min_bytes=1000, max_bytes=12_000)
     small = pool.take(999)
     assert isinstance(small, bytearray) and len(small) == 999 and pool.allocated == 0  # allocated as it comes
     a = pool.take(4000)

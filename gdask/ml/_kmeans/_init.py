@@ -139,9 +139,13 @@ class ParallelState:
     def copy(self) -> ParallelState:
         return replace(self, groups=list(self.groups), rng=copy.deepcopy(self.rng))
 
+    def sizes(self) -> tuple[int, ...]:
+        """The row counts of the groups, in order."""
+        return tuple(int(g.shape[0]) for g in self.groups)
+
     def candidates(self) -> tuple[np.ndarray, tuple[int, ...]]:
         """All candidates in order, and the sizes of their groups."""
-        return np.concatenate(self.groups, axis=0), tuple(int(g.shape[0]) for g in self.groups)
+        return np.concatenate(self.groups, axis=0), self.sizes()
 
 
 class ParallelInit(IterativeAlgorithm):
@@ -179,7 +183,7 @@ class ParallelInit(IterativeAlgorithm):
                 if new.shape[0]:
                     st.groups.append(new)
                 st.rounds += 1
-            ctx.checkpoint(st.copy(), line=f"k-means|| round {st.rounds}: {sum(st.candidates()[1])} candidates")
+            ctx.checkpoint(st.copy(), line=f"k-means|| round {st.rounds}: {sum(st.sizes())} candidates")
         return st
 
     def final(self, state: ParallelState) -> tuple:
