@@ -266,9 +266,10 @@ def run_workers_loop(algorithm: IterativeAlgorithm, datasets: dict, groups: list
     topic = loop_topic(token)
     start = records.resume
     every = float(config.get("engine.checkpoint-interval", 1.0))
+    batch = float(config.get("engine.progress-interval", 0.1))
     # the blocks' futures at the top of the arguments, where the task's start finds them without walking the rest
     tasks = [(algorithm, _worker.RankTask(names, nblocks, token, start.iteration, start.state, topic, lazy,
-                                          state_every=every), mine[a]) for a in peers]
+                                          state_every=every, progress_every=batch), mine[a]) for a in peers]
     events = CheckpointEvents(client, topic, records)
 
     def on_poll() -> None:
@@ -302,8 +303,15 @@ def _newest_checkpoint(client: Any, token: str, records: Records) -> None:
     except Exception as e:  # noqa: BLE001 - the cluster may be in trouble: resume from what the events brought
         logger.debug("could not ask the workers for their checkpoints of loop %s: %r", token, e)
         return
-    best = max((pickle.loads(v) for v in found.values() if isinstance(v, bytes)), key=lambda c: c[0], default=None)
-    if best is not None and best[0] > records.resume.iteration:
+    kept = [(pickle.loads(v[0]), pickle.loads(v[1])) for v in found.values() if isinstance(v, (tuple, list))]
+    if not kept:
+        return
+    best, recent = max(kept, key=lambda c: c[0][0])
+    if best[0] > records.resume.iteration:
+        for it, rec in recent:  # the records rank 0 had not sent yet (it sends them in batches)
+            if it < best[0]:
+                records.fill_history(it - 1)
+                records.newer(it, None, rec)
         records.fill_history(best[0] - 1)  # iterations whose records were lost with a worker
         records.newer(*best)
 

@@ -1,6 +1,7 @@
-"""The checkpoint events of a loop on the workers: rank 0 sends one per iteration on the fit's topic
-(the iteration's record; its state too once per ``gdask.engine.checkpoint-interval``), the client
-hands them to the fit's records; the scheduler forwards them and keeps none.
+"""The checkpoint events of a loop on the workers: rank 0 sends its records on the fit's topic in
+batches, one at most every ``gdask.engine.progress-interval`` (the last one's state too once per
+``gdask.engine.checkpoint-interval``), the client hands them to the fit's records; the scheduler
+forwards them and keeps none.
 
 A scheduler stores every event of every topic (for ``Client.get_events``) and never drops a topic,
 so a fit's checkpoints (a state can take tens of KB) would stay in the scheduler's memory for
@@ -78,11 +79,10 @@ class _Inbox:
         q = self.queue
         if q is not None:
             msg = event[1]
-            if "checkpoint" in msg:  # (iteration, state, record)
-                q.put(pickle.loads(msg["checkpoint"]))
-            else:  # a record without its state
-                it, rec = pickle.loads(msg["progress"])
+            for it, rec in pickle.loads(msg["progress"]) if "progress" in msg else ():  # records without their state
                 q.put((it, None, rec))
+            if "checkpoint" in msg:  # (iteration, state, record): the batch's last
+                q.put(pickle.loads(msg["checkpoint"]))
 
     def get(self) -> Any:
         if self.queue is None:

@@ -89,26 +89,39 @@ def _new_loop_events(client, seen: set[str]) -> dict[str, list[str]]:
         time.sleep(0.05)
 
 
+def _loop_events(client, seen: set[str], **config) -> tuple[list[str], gdask.ml.KMeans]:
+    """Fit with ``gdask.engine`` ``config``: the kinds of its loop's events, and the fit."""
+    X = np.random.default_rng(1).random((40_000, 8), dtype=np.float32)
+    G = gdask.from_array(X, block_rows=5_000).persist()
+    with dask.config.set({f"gdask.engine.{k.replace('_', '-')}": v for k, v in config.items()}):
+        km = gdask.ml.KMeans(4, init=X[:4], max_iter=20, tol=0).fit(G)
+    assert km.fit_mode_ == "workers" and [r["iteration"] for r in km.history_] == list(range(1, 21))
+    assert all("center_shift" in r for r in km.history_)  # the records came back, not filled in
+    new = _new_loop_events(client, seen)
+    assert len(new) == 1, new
+    seen |= set(new)
+    return next(iter(new.values())), km
+
+
 def test_a_loop_sends_its_state_once_per_checkpoint_interval(client):
     """distributed keeps the last messages of every stream: a state sent every iteration (tens of KB for
     K-means' center history) stayed in the worker's and the scheduler's memory up to a thousand times.
-    The records come every iteration, the state once per ``gdask.engine.checkpoint-interval``."""
-    X = np.random.default_rng(1).random((40_000, 8), dtype=np.float32)
-    G = gdask.from_array(X, block_rows=5_000).persist()
+    The records come (here) every iteration, the state once per ``gdask.engine.checkpoint-interval``."""
     seen = set(_new_loop_events(client, set()))
-    fits = {}
-    for every in (3600, 0):
-        with dask.config.set({"gdask.engine.checkpoint-interval": every}):
-            km = gdask.ml.KMeans(4, init=X[:4], max_iter=20, tol=0).fit(G)
-        assert km.fit_mode_ == "workers" and [r["iteration"] for r in km.history_] == list(range(1, 21))
-        assert all("center_shift" in r for r in km.history_)  # the records came back, not filled in
-        new = _new_loop_events(client, seen)
-        assert len(new) == 1, new
-        seen |= set(new)
-        fits[every] = next(iter(new.values()))
-        np.testing.assert_array_equal(km.cluster_centers_, fits.setdefault("centers", km.cluster_centers_))
-    assert fits[3600] == ["progress"] * 20
-    assert fits[0] == ["checkpoint"] * 20
+    kinds, rare = _loop_events(client, seen, checkpoint_interval=3600, progress_interval=0)
+    assert kinds == ["progress"] * 20
+    kinds, often = _loop_events(client, seen, checkpoint_interval=0, progress_interval=0)
+    assert kinds == ["checkpoint"] * 20
+    np.testing.assert_array_equal(rare.cluster_centers_, often.cluster_centers_)
+
+
+def test_a_loop_sends_its_records_in_batches(client):
+    """Each event wakes the worker's event loop, whose thread then competes with the loop's for the
+    interpreter (~1 ms an iteration on 2 cores): rank 0 sends its records at most once per
+    ``gdask.engine.progress-interval``, the rest at the loop's end, and every record still arrives."""
+    seen = set(_new_loop_events(client, set()))
+    kinds, km = _loop_events(client, seen, checkpoint_interval=3600, progress_interval=3600)
+    assert kinds == ["progress"]  # one batch: the loop's end sent all 20 records
 
 
 VICTIM = textwrap.dedent("""

@@ -150,6 +150,9 @@ def test_a_worker_dying_mid_fit_gives_the_same_bits(caplog, die_in):
         assert "resuming from the client at iteration 0" not in caplog.text
         # its blocks were recomputed from lineage, lost bounds rebuilt from the fit's history: same bits
         _assert_same(km, ref)
+        # every iteration's record came back: rank 0 sends them in batches, the survivors keep recent ones
+        assert [r["iteration"] for r in km.history_] == list(range(1, 21))
+        assert all("center_shift" in r for r in km.history_), km.history_
 
 
 def test_the_passes_on_the_workers_teach_the_placement_plugin(client, data):
