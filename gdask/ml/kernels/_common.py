@@ -37,6 +37,7 @@ class BlockBounds:
     sxx: float = float("nan")  # sum_i w_i |x_i|^2 in float64, from the full pass (for the inertia at the end)
     memo: Any = None  # the last passes' (centers, partial): a pass asked again gets the same answer
     buffer: Any = None  # the allocation behind labels and bounds (CPU): a full pass that rebuilds them reuses it
+    moved: Any = None  # (CPU) per center, the drifts summed since the full pass (du, dl): bounds kept against them
 
 
 def center_geometry(centers: np.ndarray, old: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, float, float,
