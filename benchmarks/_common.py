@@ -21,7 +21,8 @@ from collections.abc import Iterable, Iterator
 from importlib import metadata
 from typing import Any
 
-__all__ = ["PRIVATE", "all_cores", "blas_threads", "library_versions", "print_setup", "setup", "write_json"]
+__all__ = ["PRIVATE", "all_cores", "blas_threads", "library_versions", "print_setup", "setup", "warmed",
+           "write_json"]
 
 #: name -> (module, attribute): gdask internals the benchmarks use. Keep this table short.
 PRIVATE = {
@@ -119,6 +120,27 @@ def print_setup(s: dict[str, Any], *, file: Any = None) -> None:
     print(f"setup: {s['cores']} cores ({s['machine']}), Python {s['python']}, BLAS threads: {blas}; {vers}", file=file)
     if own:
         print("setup: " + "; ".join(f"{k}={v}" for k, v in own.items()), file=file)
+
+
+def warmed(*clients: Any, timeout: float = 600.0, file: Any = None) -> None:
+    """Wait until the workers of ``clients`` (default: the current client) finished compiling
+    gdask's kernels ahead (:class:`gdask.ml.WarmKernels`, a child process per worker started with
+    it: ~40 s on 2 cores when numba's cache is cold, e.g. the first run after installing). Timing
+    meanwhile would time the compiler too, in gdask's figures and in every peer's beside them.
+    Prints one ``setup:`` line."""
+    import time
+
+    from distributed import get_client
+
+    from gdask.ml import wait_for_warm_kernels
+
+    t = time.perf_counter()
+    done: dict[str, float] = {}
+    for c in clients or (get_client(),):
+        done.update(wait_for_warm_kernels(c, timeout=timeout))
+    if done:
+        print(f"setup: waited {time.perf_counter() - t:.1f} s for {len(done)} worker(s) to compile gdask's kernels "
+              f"ahead (the slowest took {max(done.values()):.1f} s), before timing", file=file or sys.stdout)
 
 
 def write_json(path: str | None, data: Any) -> None:

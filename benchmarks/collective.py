@@ -140,6 +140,7 @@ def main(argv=None):
     floor = ping_pong()
     with gdask.LocalGPUCluster(n_devices=a.devices, backend="emulated", dashboard_address=":0") as cluster, \
             Client(cluster) as client:
+        _common.warmed(client)
         peers = sorted(scheduler_workers(client))
         gather = [] if "allgather" in a.skip else run_allgather(client, peers, a.steps, a.repeat)
         fits = [] if "fits" in a.skip else run_fits(a.rows, a.features, a.clusters, a.repeat)

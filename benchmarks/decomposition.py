@@ -96,6 +96,7 @@ def main(argv=None):
 
     with gdask.LocalGPUCluster(n_devices=a.devices, backend="emulated", dashboard_address=":0") as cluster, \
             Client(cluster):
+        _common.warmed()
         G = gdask.from_array(X).persist()
         dX = da.from_array(X, chunks=(G.row_blocks[0], d)).persist()
         gdask.ml.PCA(2).fit(G)  # warm-up (the workers' first tasks)

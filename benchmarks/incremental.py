@@ -365,6 +365,7 @@ def main(argv=None):
     res = {"device": "emulated (CPU)", "devices": args.devices, "args": vars(args)}
     with gdask.LocalGPUCluster(n_devices=args.devices, backend="emulated", device_memory="3GiB",
                                dashboard_address=":0") as cluster, Client(cluster) as client:
+        _common.warmed(client)
         threads = sorted({w["nthreads"] for w in scheduler_workers(client).values()})
         log = ExecutionLog(client)
         if "loop" not in args.skip:

@@ -220,6 +220,7 @@ def main(argv=None):
     results = {}
     with gdask.LocalGPUCluster(n_devices=a.devices, backend=a.backend, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
+        _common.warmed(client)
         kind = cluster.backend
         threads = sorted({w["nthreads"] for w in scheduler_workers(client).values()})
         # gdask and scikit-learn fits in turn (the machine may be shared); dask-ml and the dask.array

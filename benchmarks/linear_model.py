@@ -95,6 +95,7 @@ def main(argv=None):
 
     with gdask.LocalGPUCluster(n_devices=a.devices, backend="emulated", dashboard_address=":0") as cluster, \
             Client(cluster):
+        _common.warmed()
         G = gdask.from_array(X).persist()
         Y = gdask.from_array(y, block_rows=G.row_blocks).persist()
         dX = da.from_array(X, chunks=(G.row_blocks[0], d)).persist()

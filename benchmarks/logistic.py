@@ -137,6 +137,7 @@ def main(argv=None):
     runs: dict[str, list] = {}
     with gdask.LocalGPUCluster(n_devices=a.devices, backend=a.backend, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
+        _common.warmed(client)
         kind = cluster.backend
         ndev = len(cluster.device_specs)
         threads = sorted({w["nthreads"] for w in scheduler_workers(client).values()})

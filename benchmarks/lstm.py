@@ -192,6 +192,7 @@ def main(argv=None):
     if "a" not in a.skip:
         with gdask.LocalGPUCluster(n_devices=a.devices, backend=a.backend, dashboard_address=":0") as cluster, \
                 Client(cluster):
+            _common.warmed()
             kind, ndev = cluster.backend, len(cluster.device_specs)
             for task, (X, y, Xt, yt) in data.items():
                 run(task, "a", lambda rec, d=(X, y, Xt, yt), t=task: (
@@ -203,6 +204,7 @@ def main(argv=None):
             mem = max(X.nbytes // (2 * a.devices), 4 * (X.nbytes // (a.devices * a.blocks_per_device)))
             with gdask.LocalGPUCluster(n_devices=a.devices, backend=a.backend, device_memory=mem,
                                        dashboard_address=":0") as cluster, Client(cluster) as client:
+                _common.warmed(client)
                 kind, ndev = cluster.backend, len(cluster.device_specs)
                 run(task, "c", lambda rec, d=(X, y, Xt, yt), t=task: (
                     lambda s_e: (s_e[0], {"device_memory": mem * a.devices, "data_bytes": X.nbytes,

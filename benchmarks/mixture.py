@@ -65,6 +65,7 @@ def main(argv=None):
     params = dict(means_init=M, random_state=0, tol=1e-3, max_iter=100)
     with gdask.LocalGPUCluster(n_devices=a.devices, backend="emulated", dashboard_address=":0") as cluster, \
             Client(cluster):
+        _common.warmed()
         G = gdask.from_array(X).persist()
         gm.GaussianMixture(a.components, means_init=M, max_iter=1).fit(G)  # warm-up
         fits = {}

@@ -81,6 +81,7 @@ def main(argv=None) -> int:
     kw = dict(n_devices=args.devices, backend=args.backend, device_memory="512MiB", dashboard_address=":0")
     with gdask.LocalGPUCluster(placement=True, **kw) as cg, gdask.LocalGPUCluster(placement=False, **kw) as cs, \
             Client(cg) as gc, Client(cs) as sc:
+        _common.warmed(gc, sc)
         sides = {"gdask": gc, "stock": sc}
         Xs = {}
         for name, c in sides.items():

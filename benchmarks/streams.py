@@ -134,6 +134,7 @@ def run(args) -> dict:
 
     with LocalCluster(n_workers=1, threads_per_worker=mx, processes=False, plugins={setup},
                       dashboard_address=":0") as cluster, Client(cluster) as client:
+        _common.warmed(client)
         if kernel is contended_kernel:
             def install(dask_worker, model=model):
                 dask_worker.bench_device = ContendedDevice(*model)

@@ -232,6 +232,7 @@ class Config:
         self.client = client = stack.enter_context(Client(cluster, set_as_default=False))
         self.threads = sorted({w["nthreads"] for w in scheduler_workers(client).values()})
         client.run(_warm)
+        _common.warmed(client)
         # the bus, measured before the data is there (a copy then needs no room)
         block = a.block_rows * self.X.shape[1] * self.X.itemsize
         self.bus = {w: client.submit(_bus_bandwidth, block, workers=[w], allow_other_workers=False,
