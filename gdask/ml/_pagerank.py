@@ -175,6 +175,16 @@ def blocked_graph(A: Any, nblocks: int | None = None, client: Any = None) -> Blo
     return BlockedGraph(n=n, bounds=bounds, blocks=blocks, inv=inv_f, nnz=int(A.nnz))
 
 
+#: the loop on the workers sweeps a graph whose best sweep order carries less than this share of the
+#: transition weight forward (e.g. random links: ~0.5-0.65) in node order, spreading the dangling
+#: nodes' rank every sweep as the power iteration does: 14 sweeps against SciPy's 16 power iterations
+#: on 5M random edges between 1M nodes, where the sweeps of the linear system took 45-56 (its series
+#: converges at ``damping``'s rate). Graphs whose links follow an order (shares of 0.95 and more on
+#: citation-like and power-law graphs, in node order or by received rank) converge in fewer sweeps
+#: without that global term: 12 against 28.
+ORDERLESS = 0.8
+
+
 def sweep_order(A: Any) -> tuple[str, np.ndarray | None]:
     """The Gauss-Seidel sweep order for adjacency ``A``: the one in which most rank flows forward.
 
@@ -196,6 +206,12 @@ def sweep_order(A: Any) -> tuple[str, np.ndarray | None]:
         ``"descending"`` or ``"ascending"`` with ``None``, or ``"in-degree"`` with the
         permutation ``perm`` (new node ``k`` is node ``perm[k]``) to sweep in ascending order.
     """
+    order, perm, _ = _sweep_order(A)
+    return order, perm
+
+
+def _sweep_order(A: Any) -> tuple[str, np.ndarray | None, float]:
+    """:func:`sweep_order` and the share of the transition weight on the order's forward links."""
     A = _check_adjacency(A)
     n = A.shape[0]
     if n >= 2 ** 32:
@@ -204,11 +220,11 @@ def sweep_order(A: Any) -> tuple[str, np.ndarray | None]:
     inv = np.empty(n)
     down, up, total = order_shares(indptr, A.indices, A.data, inv)
     if total <= 0:
-        return "descending", None
+        return "descending", None, 1.0
     desc, asc = down / total, up / total  # links to lower indices: forward in a descending sweep
     natural = "descending" if desc >= asc else "ascending"
     if max(desc, asc) >= 0.95:  # no order can score 0.05 more: skip the sort
-        return natural, None
+        return natural, None, max(desc, asc)
     received = np.empty(n)
     received_weights(indptr, unsigned(A.indices), A.data, inv, received)
     # by received rank (float32-rounded), ascending; ties (and near-ties) in the better direction of the
@@ -222,8 +238,8 @@ def sweep_order(A: Any) -> tuple[str, np.ndarray | None]:
     pos[perm] = np.arange(n, dtype=pos.dtype)
     by_degree = order_share_perm(indptr, unsigned(A.indices), A.data, inv, pos) / total
     if by_degree > max(desc, asc) + 0.05:
-        return "in-degree", perm
-    return natural, None
+        return "in-degree", perm, by_degree
+    return natural, None, max(desc, asc)
 
 
 def _compute(layer: dict, outs: list) -> list:
@@ -309,8 +325,8 @@ def pagerank(A: Any, *, damping: float = 0.85, tol: float = 1e-6, max_iter: int 
         ``A[i, j]`` = weight of the edge ``i -> j`` (e.g. from :func:`powerlaw_graph`).
     damping : float, default 0.85
     tol : float, default 1e-6
-        Stop when an iteration changes the ranks by at most ``tol`` in L1 norm (the unnormalised
-        ``y`` by at most ``tol * sum(y)``).
+        Stop when an iteration changes the ranks by at most ``tol`` in L1 norm (the graph loop: when
+        it changes the unnormalised ``y`` by at most ``tol * sum(y)``, a stricter test).
     max_iter : int, default 200
         Iterations (sweeps) at most.
     nblocks : int, optional
@@ -428,7 +444,10 @@ def _pagerank_workers(A: Any, *, damping: float, tol: float, max_iter: int, nblo
     from gdask.gdataset import Progress
     from gdask.ml._pagerank_loop import prepare, run_sweeps
 
-    order, perm = sweep_order(A)
+    order, perm, share = _sweep_order(A)
+    spread = share < ORDERLESS
+    if spread:  # no order that the rank follows: the sweeps as power iterations do, dangling rank spread
+        order, perm = "ascending", None
     pos = None
     if perm is not None:
         pos = np.empty_like(perm)
@@ -436,7 +455,8 @@ def _pagerank_workers(A: Any, *, damping: float, tol: float, max_iter: int, nblo
     if nblocks is None:
         nblocks = max(2, len(scheduler_workers(client)))
     P = prepare(A, pos, nblocks)
-    res = run_sweeps(client, P, damping=damping, tol=tol, max_iter=max_iter, descending=order == "descending")
+    res = run_sweeps(client, P, damping=damping, tol=tol, max_iter=max_iter, descending=order == "descending",
+                     spread=spread)
     bar = Progress(progress[0], progress[1], total=progress[2], desc="pagerank")
     try:
         for record in res["history"]:  # the records of the sweeps come back with the ranks

@@ -8,7 +8,15 @@ one sweep: every block is relaxed row by row (Gauss-Seidel over its own edges), 
 blocks' values from the previous sweep (block Jacobi between blocks), so a block's update is the same
 whichever worker holds it and whichever blocks share that worker: the ranks have the same bits on any
 number of workers for the same ``nblocks``. After a sweep the workers all-gather their blocks' new
-values, L1 changes and sums, and every worker takes the same stop decision (sums in block order).
+values, L1 changes and sums, and every worker takes the same stop decision (sums in block order) on
+the change of the ranks ``y / sum(y)``.
+
+With ``spread``, the sweeps also spread the rank of the dangling nodes (no out-links) over every
+node, as the power iteration does (a sum over the last sweep's ``y``, the same on every worker):
+``y`` is scaled back to a sum of 1 after each sweep, and on graphs whose links follow no order its
+error shrinks at least at the power iteration's rate; the linear system without that term converges there only at
+``damping``'s rate (45-56 sweeps against SciPy's 16 power iterations on 5M random edges between 1M
+nodes). Both have ranks of the same fixed point (``y`` of one is a multiple of the other's).
 
 A worker lost (or a loop that could not start) ends the attempt with
 :class:`~gdask.gdataset.collective.CollectiveError`: the blocks are sent again to the workers there
@@ -28,7 +36,7 @@ import numpy as np
 from gdask import config
 from gdask._compat import scheduler_workers
 from gdask.gdataset.collective import CollectiveError, run_on_workers
-from gdask.ml.kernels._pagerank_cpu import scale_block, sweep_block, transpose_renumber, unsigned
+from gdask.ml.kernels._pagerank_cpu import rank_change, scale_block, sweep_block, transpose_renumber, unsigned
 
 __all__ = ["Prepared", "prepare", "run_sweeps"]
 
@@ -87,23 +95,28 @@ def prepare(A: Any, pos: np.ndarray | None, nblocks: int) -> Prepared:
 
 
 def _rank_sweeps(comm: Any, blocks: list, out: np.ndarray, bounds: np.ndarray, damping: float, tol: float,
-                 max_iter: int, descending: bool) -> dict:
-    """(On a worker) sweep ``blocks`` until the whole change is at most ``tol`` times the sum."""
+                 max_iter: int, descending: bool, spread: bool = False) -> dict:
+    """(On a worker) sweep ``blocks`` until the ranks ``y / sum(y)`` change by at most ``tol`` (L1)."""
     n = int(bounds[-1])
     teleport = (1.0 - damping) / n
     inv = np.zeros(n)
     np.divide(1.0, out, out=inv, where=out > 0)
-    y = np.full(n, teleport)
+    dangling = np.flatnonzero(out <= 0) if spread else np.empty(0, np.int64)  # their rank, spread over every node
+    y = np.full(n, 1.0 / n if spread else teleport)
     x = inv * y
     xprev = x.copy()
+    yprev = y.copy()  # the last sweep's y, whole, for the ranks' change
+    prev_total = float(y.sum())
     blocks = sorted(blocks, key=lambda blk: blk[0], reverse=descending)
     nb = len(bounds) - 1
     history, converged, it = [], False, 0
     while it < max_iter:
         t0 = time.perf_counter()
         mine = []
+        # the last sweep's y, which every rank holds whole
+        base = teleport + damping * float(y[dangling].sum()) / n if spread else teleport
         for b, lo, ptr, idx, vals in blocks:
-            change, total = sweep_block(ptr, idx, vals, lo, x, xprev, inv, y, damping, teleport, descending,
+            change, total = sweep_block(ptr, idx, vals, lo, x, xprev, inv, y, damping, base, descending,
                                         len(blocks) == 1)
             mine.append((b, change, total))
         for b, lo, ptr, _, _ in blocks:
@@ -119,10 +132,19 @@ def _rank_sweeps(comm: Any, blocks: list, out: np.ndarray, bounds: np.ndarray, d
                     y[bounds[b]:bounds[b + 1]] = v
                     scale_block(y, inv, x, xprev, bounds[b], bounds[b + 1])
         it += 1
-        change, total = sum(changes.tolist()), sum(totals.tolist())  # block order: the same on every rank
+        total = sum(totals.tolist())  # block order: the same on every rank
+        change = rank_change(y, yprev, total, prev_total)  # every rank now holds the whole y, the same bits
+        prev_total = total
+        if spread:  # back to a sum of 1, the fixed point's: the error along y itself goes (it decayed slowest)
+            c = 1.0 / total
+            y *= c
+            x *= c
+            xprev *= c
+            yprev *= c
+            prev_total = 1.0
         history.append({"iteration": it, "seconds": time.perf_counter() - t0, "change": change,
                         "active_blocks": int((changes > 0).sum())})
-        if change <= tol * total:
+        if change <= tol:
             converged = True
             break
     # every rank holds the whole y (the same bits): the client fetches one rank's result
@@ -149,7 +171,8 @@ def _place(client: Any, P: Prepared) -> tuple[list[str], list[tuple]]:
     return peers, args
 
 
-def run_sweeps(client: Any, P: Prepared, *, damping: float, tol: float, max_iter: int, descending: bool) -> dict:
+def run_sweeps(client: Any, P: Prepared, *, damping: float, tol: float, max_iter: int, descending: bool,
+               spread: bool = False) -> dict:
     """The sweeps on the workers (see the module docstring): the rank-0 result dict plus
     ``restarts``."""
     restarts = 0
@@ -159,7 +182,8 @@ def run_sweeps(client: Any, P: Prepared, *, damping: float, tol: float, max_iter
         try:
             peers, args = _place(client, P)
             res = run_on_workers(client, _rank_sweeps, peers,
-                                 [(blocks, out, P.bounds, damping, tol, max_iter, descending) for blocks, out in args],
+                                 [(blocks, out, P.bounds, damping, tol, max_iter, descending, spread)
+                                  for blocks, out in args],
                                  name="pagerank-sweeps", same_results=True)
         except (CollectiveError, OSError) as e:  # OSError: a worker gone while its blocks were sent
             if restarts >= max_restarts:

@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["order_share_perm", "order_shares", "received_weights", "scale_block", "sweep_block", "transpose_renumber",
-           "unsigned"]
+__all__ = ["order_share_perm", "order_shares", "rank_change", "received_weights", "scale_block", "sweep_block",
+           "transpose_renumber", "unsigned"]
 
 
 def unsigned(a: np.ndarray) -> np.ndarray:
@@ -155,3 +155,17 @@ def scale_block(y, inv, x, xprev, lo, hi):  # pragma: no cover - compiled
         v = inv[r] * y[r]
         x[r] = v
         xprev[r] = v
+
+
+@njit(nogil=True, cache=True)
+def rank_change(y, yprev, total, prev_total):  # pragma: no cover - compiled
+    """The L1 change of the ranks ``y / total`` from ``yprev / prev_total``, and ``yprev = y``
+    (one pass)."""
+    a = 1.0 / total
+    b = 1.0 / prev_total
+    change = 0.0
+    for r in range(y.shape[0]):
+        v = y[r]
+        change += abs(v * a - yprev[r] * b)
+        yprev[r] = v
+    return change
