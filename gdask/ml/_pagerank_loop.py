@@ -134,14 +134,12 @@ def _rank_sweeps(comm: Any, blocks: list, out: np.ndarray, bounds: np.ndarray, d
         it += 1
         total = sum(totals.tolist())  # block order: the same on every rank
         change = rank_change(y, yprev, total, prev_total)  # every rank now holds the whole y, the same bits
-        prev_total = total
+        prev_total = total  # yprev is this y unscaled: rank_change compares y / sum(y) whatever the scale
         if spread:  # back to a sum of 1, the fixed point's: the error along y itself goes (it decayed slowest)
             c = 1.0 / total
             y *= c
             x *= c
             xprev *= c
-            yprev *= c
-            prev_total = 1.0
         history.append({"iteration": it, "seconds": time.perf_counter() - t0, "change": change,
                         "active_blocks": int((changes > 0).sum())})
         if change <= tol:
