@@ -7,7 +7,8 @@ nothing about the links). Timed regions:
 
 * gdask: the whole ``gdask.ml.pagerank(A, client=...)`` call (checks, sweep order, transpose, blocks
   sent to the workers, the sweeps, ranks back), on a LocalGPUCluster of ``--devices`` emulated
-  devices (default loop: ``"workers"``);
+  devices (default loop: ``"workers"``; default ``nblocks``: one block on these sparse graphs, one rank
+  sweeping the whole graph);
 * scipy: the power-iteration loop only (``M = A.T`` and the degrees are built before its timer), in
   this process, single-threaded SpMV (:func:`incremental.pagerank_scipy`);
 * networkx: ``networkx.pagerank`` (graphs up to ``--networkx-max-nodes``; DiGraph built untimed);
@@ -15,8 +16,9 @@ nothing about the links). Timed regions:
 
 gdask and scipy alternate ``--repeat`` times (the machine may be shared: each pair sees about the
 same load); the table prints the median of each and the median of the per-pair ratios. The 1 -> 2
-device scaling runs gdask on a 1-device cluster as well, same ``nblocks`` (the ranks must be the same
-bits). Rank agreement: L1 distance to scipy's ranks.
+device scaling runs gdask with ``--scaling-nblocks`` blocks (default 2: one per device) on the
+2-device cluster and on a 1-device one (the ranks must be the same bits). Rank agreement: L1
+distance to scipy's ranks.
 
     python benchmarks/pagerank.py                    # 1M nodes, ~5M edges
     python benchmarks/pagerank.py --nodes 100000 --dask-array --json out.json
@@ -80,7 +82,8 @@ def main(argv=None):
     p.add_argument("--orders", nargs="+", default=["link", "shuffled"], choices=["link", "shuffled"])
     p.add_argument("--tol", type=float, default=1e-6)
     p.add_argument("--devices", type=int, default=2)
-    p.add_argument("--nblocks", type=int, default=None, help="gdask's blocks (default: one per worker, >= 2)")
+    p.add_argument("--nblocks", type=int, default=None, help="gdask's blocks (default: gdask's choice)")
+    p.add_argument("--scaling-nblocks", type=int, default=2, help="blocks of the 1 -> 2 device scaling runs")
     p.add_argument("--repeat", type=int, default=3, help="alternating gdask / scipy runs per graph")
     p.add_argument("--no-scaling", action="store_true", help="skip the 1-device run")
     p.add_argument("--networkx-max-nodes", type=int, default=200_000)
@@ -97,7 +100,7 @@ def main(argv=None):
     from gdask.gdataset import ExecutionLog
 
     G = graphs(args)
-    nblocks = args.nblocks or max(2, args.devices)
+    nblocks = args.nblocks
     rows = {}
     with gdask.LocalGPUCluster(n_devices=args.devices, backend="emulated", device_memory="3GiB",
                                dashboard_address=":0") as cluster, Client(cluster) as client:
@@ -105,11 +108,14 @@ def main(argv=None):
         run_gdask(client, gdask.ml.powerlaw_graph(100_000, seed=5), args.tol, nblocks)  # compiles the kernels
         for order, A in G.items():
             rows[order] = compare(client, A, args, nblocks)
+            if not args.no_scaling:
+                r2, sec, _ = run_gdask(client, A, args.tol, args.scaling_nblocks)
+                rows[order]["split_s"], rows[order]["split_ranks"] = sec, r2
             if args.dask_array:
                 from incremental import pagerank_dask
 
                 log = ExecutionLog(client)
-                r_d, info_d = pagerank_dask(client, A, nblocks, args.tol, 0.85, log)
+                r_d, info_d = pagerank_dask(client, A, nblocks or max(2, args.devices), args.tol, 0.85, log)
                 rows[order]["dask_array_s"] = info_d["seconds"]
             if args.nodes <= args.networkx_max_nodes:
                 from incremental import pagerank_networkx
@@ -120,11 +126,11 @@ def main(argv=None):
         with gdask.LocalGPUCluster(n_devices=1, backend="emulated", device_memory="6GiB",
                                    dashboard_address=":0") as cluster, Client(cluster) as client:
             _common.warmed(client)
-            run_gdask(client, gdask.ml.powerlaw_graph(100_000, seed=5), args.tol, nblocks)
+            run_gdask(client, gdask.ml.powerlaw_graph(100_000, seed=5), args.tol, args.scaling_nblocks)
             for order, A in G.items():
-                r1, sec, _ = run_gdask(client, A, args.tol, nblocks)
+                r1, sec, _ = run_gdask(client, A, args.tol, args.scaling_nblocks)
                 rows[order]["one_device_s"] = sec
-                rows[order]["same_bits_1_vs_2"] = bool(np.array_equal(r1, rows[order]["ranks"]))
+                rows[order]["same_bits_1_vs_2"] = bool(np.array_equal(r1, rows[order].pop("split_ranks")))
     report(rows, args, nblocks)
     for r in rows.values():
         r.pop("ranks")
@@ -133,18 +139,19 @@ def main(argv=None):
 
 def report(rows, args, nblocks):
     print(f"\nPageRank, {args.nodes:,} nodes, tol={args.tol:g} (L1), gdask on {args.devices} emulated devices, "
-          f"nblocks={nblocks}; gdask = the whole call, scipy = its power-iteration loop; median of {args.repeat} "
-          f"alternating runs")
+          f"nblocks={nblocks or 'default'}; gdask = the whole call, scipy = its power-iteration loop; median of "
+          f"{args.repeat} alternating runs; scaling: {args.scaling_nblocks} blocks on {args.devices} devices and on 1")
     _common.print_setup(_common.setup(["scipy", "networkx"]))
-    head = f"{'graph':<10}{'edges':>10}{'gdask s':>9}{'iters':>6}{'scipy s':>9}{'iters':>6}{'gdask/scipy':>13}"
-    print(head + f"{'L1 vs scipy':>13}{'1 dev s':>9}{'1/2 dev':>9}{'same bits':>10}{'networkx s':>11}"
-          f"{'dask.array s':>13}")
+    head = (f"{'graph':<10}{'edges':>10}{'gdask s':>9}{'blocks':>7}{'iters':>6}{'scipy s':>9}{'iters':>6}"
+            f"{'gdask/scipy':>13}{'L1 vs scipy':>13}")
+    print(head + f"{'split s':>9}{'1 dev s':>9}{'1/2 dev':>9}{'same bits':>10}{'networkx s':>11}{'dask.array s':>13}")
     for order, r in rows.items():
-        one = r.get("one_device_s")
-        one_s, speedup = (f"{one:.3f}", f"{one / r['gdask_s']:.2f}x") if one else ("-", "-")
-        print(f"{order:<10}{r['edges']:>10,}{r['gdask_s']:>9.3f}{r['gdask_iter']:>6}{r['scipy_s']:>9.3f}"
+        one, split = r.get("one_device_s"), r.get("split_s")
+        one_s, speedup = (f"{one:.3f}", f"{one / split:.2f}x") if one and split else ("-", "-")
+        split_s = f"{split:.3f}" if split else "-"
+        print(f"{order:<10}{r['edges']:>10,}{r['gdask_s']:>9.3f}{r['nblocks']:>7}{r['gdask_iter']:>6}{r['scipy_s']:>9.3f}"
               f"{r['scipy_iter']:>6}{r['ratio']:>13.2f}{r['l1_vs_scipy']:>13.2e}"
-              f"{one_s:>9}{speedup:>9}"
+              f"{split_s:>9}{one_s:>9}{speedup:>9}"
               f"{str(r.get('same_bits_1_vs_2', '-')):>10}{r.get('networkx_s', float('nan')):>11.3f}"
               f"{r.get('dask_array_s', float('nan')):>13.3f}")
         print(f"{'':<10}sweep order {r['order']}, per-sweep ms {r['sweep_ms']}, pairs (gdask, scipy) s "

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import uuid
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import psutil
 from dask.base import tokenize
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
@@ -34,7 +36,7 @@ from numba import njit
 
 from gdask._compat import scheduler_workers
 from gdask.ml._base import job_share, shared_docs
-from gdask.ml.kernels._pagerank_cpu import order_share_perm, order_shares, received_weights, unsigned
+from gdask.ml.kernels._pagerank_cpu import order_share_perm, order_shares, received_weights, sort_by_key, unsigned
 
 __all__ = ["pagerank", "BlockedGraph", "blocked_graph", "sweep_order"]
 
@@ -44,6 +46,12 @@ _LOOPS = ("auto", "workers", "graph")
 #: ``loop="auto"`` runs the sweeps on the workers from this many nodes (one default graph block of the
 #: delta iteration's): below, a graph per iteration costs milliseconds and keeps GTracker's reuse
 WORKERS_MIN_NODES = 65_536
+
+#: the loop on the workers splits the graph between the workers (by default) from this many edges per node:
+#: a sweep's values go to every other rank, n values a sweep against the nnz / ranks edges each sweeps,
+#: and blocks updated from each other's last sweep need more sweeps than one Gauss-Seidel order (15 and
+#: 21 on 3M edges between 1M nodes); on one host, below ~20 edges a node one rank finished first
+SPLIT_MIN_EDGES_PER_NODE = 24
 
 
 def _held(x):
@@ -227,13 +235,9 @@ def _sweep_order(A: Any) -> tuple[str, np.ndarray | None, float]:
         return natural, None, max(desc, asc)
     received = np.empty(n)
     received_weights(indptr, unsigned(A.indices), A.data, inv, received)
-    # by received rank (float32-rounded), ascending; ties (and near-ties) in the better direction of the
-    # node order: one sort of unique 64-bit keys (the rounded rank's bits above, the tie order below)
-    ties = np.arange(n, dtype=np.uint64) if natural == "ascending" else np.arange(n - 1, -1, -1, dtype=np.uint64)
-    keys = (received.astype(np.float32).view(np.uint32).astype(np.uint64) << np.uint64(32)) | ties
-    keys.sort()
-    low = (keys & np.uint64(0xFFFFFFFF)).astype(np.int64)
-    perm = low if natural == "ascending" else (n - 1) - low
+    # by received rank (float32-rounded: positive floats' bits order as the floats do), ascending; ties
+    # (and near-ties) in the better direction of the node order
+    perm = sort_by_key(received.astype(np.float32).view(np.uint32), natural == "descending").astype(np.int64)
     pos = np.empty(n, dtype=np.uint32 if n < 2 ** 32 else np.uint64)
     pos[perm] = np.arange(n, dtype=pos.dtype)
     by_degree = order_share_perm(indptr, unsigned(A.indices), A.data, inv, pos) / total
@@ -337,7 +341,8 @@ def pagerank(A: Any, *, damping: float = 0.85, tol: float = 1e-6, max_iter: int 
     loop : {"auto", "workers", "graph"}, default "auto"
         ``"workers"``: Gauss-Seidel sweeps in one task per worker, rank blocks sent worker to worker
         (:mod:`gdask.ml._pagerank_loop`; same bits on any number of workers for one ``nblocks``,
-        default the workers, >= 2; progress records come when it ends). ``"graph"``: the delta
+        default one block, one per worker from :data:`SPLIT_MIN_EDGES_PER_NODE` edges a node or for
+        graphs over a quarter of a worker's memory; progress records come when it ends). ``"graph"``: the delta
         iteration above. ``"auto"``: ``"workers"`` for Gauss-Seidel from :data:`WORKERS_MIN_NODES`
         nodes when config ``gdask.ml.worker-loop`` is on.
     client : distributed.Client, optional
@@ -438,23 +443,48 @@ def _on_workers(loop: str, method: str, n: int) -> bool:
     return method == "gauss-seidel" and n >= WORKERS_MIN_NODES and bool(config.get("ml.worker-loop", True))
 
 
+def _worker_blocks(A: Any, client: Any) -> int:
+    """Default ``nblocks`` of the loop on the workers: one block (one rank sweeps the whole graph in
+    one Gauss-Seidel order) unless the graph has :data:`SPLIT_MIN_EDGES_PER_NODE` edges a node or
+    more, or its blocks would take over a quarter of a worker's memory limit; then one per worker."""
+    info = scheduler_workers(client)
+    workers = max(1, len(info))
+    n = A.shape[0]
+    limits = [w.get("memory_limit") or 0 for w in info.values()]
+    room = min(limits) / 4 if limits and min(limits) > 0 else float("inf")
+    size = 12 * A.nnz + 24 * n  # the blocks (indices, weights) and the rank's own vectors
+    if A.nnz >= SPLIT_MIN_EDGES_PER_NODE * n or size > room:
+        return workers
+    return 1
+
+
 def _pagerank_workers(A: Any, *, damping: float, tol: float, max_iter: int, nblocks: int | None, client: Any,
                       return_info: bool, progress: tuple):
     """:func:`pagerank` with the sweeps on the workers (:mod:`gdask.ml._pagerank_loop`)."""
     from gdask.gdataset import Progress
     from gdask.ml._pagerank_loop import prepare, run_sweeps
 
-    order, perm, share = _sweep_order(A)
-    spread = share < ORDERLESS
-    if spread:  # no order that the rank follows: the sweeps as power iterations do, dangling rank spread
-        order, perm = "ascending", None
-    pos = None
-    if perm is not None:
-        pos = np.empty_like(perm)
-        pos[perm] = np.arange(len(perm))
     if nblocks is None:
-        nblocks = max(2, len(scheduler_workers(client)))
-    P = prepare(A, pos, nblocks)
+        nblocks = _worker_blocks(A, client)
+    # the blocks in node order are built beside the choice of the order (the kernels release the GIL),
+    # kept unless the nodes are renumbered; not when a second copy of the graph would crowd the memory
+    spare = 12 * A.nnz + 8 * A.shape[0] < psutil.virtual_memory().available / 4
+    pos = None
+    with ThreadPoolExecutor(1, thread_name_prefix="gdask-pagerank") as pool:
+        in_node_order = pool.submit(prepare, A, None, nblocks) if spare else None
+        order, perm, share = _sweep_order(A)
+        if share < ORDERLESS:  # no order that the rank follows: the sweeps as power iterations do
+            order, perm = "ascending", None
+        if perm is None:
+            P = in_node_order.result() if in_node_order is not None else prepare(A, None, nblocks)
+        else:
+            pos = np.empty_like(perm)
+            pos[perm] = np.arange(len(perm))
+            P = prepare(A, pos, nblocks)
+    # one block: the dangling rank spread each sweep too (one Gauss-Seidel order over the whole graph
+    # then needs fewer sweeps on every graph measured: 8 -> 6 on the benchmark's, 15 -> 9 with 30% of
+    # the nodes dangling); between blocks updated from each other's last sweep it slows ordered graphs
+    spread = share < ORDERLESS or nblocks == 1
     res = run_sweeps(client, P, damping=damping, tol=tol, max_iter=max_iter, descending=order == "descending",
                      spread=spread)
     bar = Progress(progress[0], progress[1], total=progress[2], desc="pagerank")
@@ -463,7 +493,7 @@ def _pagerank_workers(A: Any, *, damping: float, tol: float, max_iter: int, nblo
             bar.update(record)
     finally:
         bar.close(converged=res["converged"])
-    y = res["y"] if perm is None else res["y"][pos]
+    y = res["y"] if pos is None else res["y"][pos]
     r = y / y.sum()
     if return_info:
         return r, {"n_iter": res["n_iter"], "converged": res["converged"], "history": res["history"],
