@@ -49,8 +49,9 @@ WORKERS_MIN_NODES = 65_536
 
 #: the loop on the workers splits the graph between the workers (by default) from this many edges per node:
 #: a sweep's values go to every other rank, n values a sweep against the nnz / ranks edges each sweeps,
-#: and blocks updated from each other's last sweep need more sweeps than one Gauss-Seidel order (15 and
-#: 21 on 3M edges between 1M nodes); on one host, below ~20 edges a node one rank finished first
+#: and blocks updated from each other's last sweep need more sweeps than one Gauss-Seidel order (21 in
+#: two blocks against 15 in one, 3M edges between 1M nodes). Measured on one 2-core host: one rank is
+#: faster at 3-8 edges a node, the two level at 20
 SPLIT_MIN_EDGES_PER_NODE = 24
 
 
