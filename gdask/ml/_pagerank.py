@@ -54,6 +54,12 @@ WORKERS_MIN_NODES = 65_536
 #: faster at 3-8 edges a node, the two level at 20
 SPLIT_MIN_EDGES_PER_NODE = 24
 
+#: one block on the workers sweeps in node order, without weighing the in-degree order, when this share
+#: of the nodes or more is dangling: the rank they spread each sweep (one sweep late, over every node)
+#: bounds the sweeps whatever the order. Measured (1M nodes, tol 1e-6, sweeps in-degree / node order):
+#: 60% dangling 5 / 5, 58% (R-MAT) 17 / 14, 30% 9 / 8, but 20% 10 / 12 and 1% 8 / 15
+DANGLING_NATURAL = 0.25
+
 
 def _held(x):
     """A block of the graph: the task that holds it (rerun from the scheduler's copy when lost)."""
@@ -219,8 +225,9 @@ def sweep_order(A: Any) -> tuple[str, np.ndarray | None]:
     return order, perm
 
 
-def _sweep_order(A: Any) -> tuple[str, np.ndarray | None, float]:
-    """:func:`sweep_order` and the share of the transition weight on the order's forward links."""
+def _sweep_order(A: Any, dangling_natural: float | None = None) -> tuple[str, np.ndarray | None, float]:
+    """:func:`sweep_order` and the share of the transition weight on the order's forward links; with
+    ``dangling_natural``, the node order when at least that share of the nodes is dangling."""
     A = _check_adjacency(A)
     n = A.shape[0]
     if n >= 2 ** 32:
@@ -233,6 +240,8 @@ def _sweep_order(A: Any) -> tuple[str, np.ndarray | None, float]:
     desc, asc = down / total, up / total  # links to lower indices: forward in a descending sweep
     natural = "descending" if desc >= asc else "ascending"
     if max(desc, asc) >= 0.95:  # no order can score 0.05 more: skip the sort
+        return natural, None, max(desc, asc)
+    if dangling_natural is not None and np.count_nonzero(inv == 0.0) >= dangling_natural * n:
         return natural, None, max(desc, asc)
     received = np.empty(n)
     received_weights(indptr, unsigned(A.indices), A.data, inv, received)
@@ -473,7 +482,7 @@ def _pagerank_workers(A: Any, *, damping: float, tol: float, max_iter: int, nblo
     pos = None
     with ThreadPoolExecutor(1, thread_name_prefix="gdask-pagerank") as pool:
         in_node_order = pool.submit(prepare, A, None, nblocks) if spare else None
-        order, perm, share = _sweep_order(A)
+        order, perm, share = _sweep_order(A, DANGLING_NATURAL if nblocks == 1 else None)
         if share < ORDERLESS:  # no order that the rank follows: the sweeps as power iterations do
             order, perm = "ascending", None
         if perm is None:

@@ -137,6 +137,19 @@ def test_one_block_spreads_the_dangling_rank(client):
     assert np.abs(r - ref).sum() <= 1e-6
 
 
+def test_one_block_sweeps_in_node_order_when_many_nodes_dangle(client):
+    """With a quarter of the nodes dangling or more, one block sweeps in node order: the in-degree
+    order (which sweep_order picks for these links) needs no fewer sweeps there and costs a sort."""
+    A = _zipf_dangling(20_000, 100_000, seed=4, dangling=0.3)
+    assert sweep_order(A)[0] == "in-degree"
+    _, one = gdask.ml.pagerank(A, tol=1e-8, nblocks=1, loop="workers", return_info=True, client=client)
+    _, two = gdask.ml.pagerank(A, tol=1e-8, nblocks=2, loop="workers", return_info=True, client=client)
+    assert one["order"] == "ascending" and two["order"] == "in-degree"
+    B = _zipf_dangling(20_000, 100_000, seed=4, dangling=0.1)
+    _, few = gdask.ml.pagerank(B, tol=1e-8, nblocks=1, loop="workers", return_info=True, client=client)
+    assert few["order"] == "in-degree"
+
+
 def test_default_blocks(client, monkeypatch):
     """One block (one rank sweeps the whole graph in one order) unless the graph has many edges a node
     or would crowd a worker's memory; then one block per worker."""
