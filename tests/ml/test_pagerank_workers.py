@@ -10,7 +10,7 @@ import gdask.ml
 from gdask.ml import _pagerank
 from gdask.ml._pagerank import ORDERLESS, _sweep_order, _worker_blocks, sweep_order
 from gdask.ml._pagerank_loop import _rank_sweeps, prepare
-from gdask.ml.kernels._pagerank_cpu import sort_by_key, transpose_renumber
+from gdask.ml.kernels._pagerank_cpu import order_share_keys, sort_by_key, transpose_renumber, unsigned
 from tests.ml.test_pagerank import reference_pagerank
 
 
@@ -176,6 +176,30 @@ def test_sort_by_key_orders_ties_by_index():
         idx = np.arange(n)
         np.testing.assert_array_equal(sort_by_key(keys, False), np.lexsort((idx, keys)))
         np.testing.assert_array_equal(sort_by_key(keys, True), np.lexsort((-idx, keys)))
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_order_share_from_keys_is_the_sorted_orders(ties):
+    """The in-degree order's forward share from the keys (no sort) is the share of the sorted order;
+    over an eighth of the sources it is an estimate within 0.01 here."""
+    A = _shuffled(gdask.ml.powerlaw_graph(60_000, avg_degree=5, seed=3, p_back=0.1), 2)
+    A = (A + sp.eye(60_000, format="csr")).tocsr()  # self-loops count in neither direction
+    A.data = np.random.default_rng(0).random(A.nnz) + 0.5
+    indptr = A.indptr.astype(np.int64)
+    out = np.asarray(A.sum(axis=1)).ravel()
+    inv = 1.0 / out
+    keys = np.random.default_rng(1).integers(0, 500, 60_000).astype(np.uint32)  # many ties
+    pos = np.empty(60_000, np.int64)
+    pos[sort_by_key(keys, ties)] = np.arange(60_000)
+    coo = A.tocoo()
+    w = coo.data * inv[coo.row]
+    loops = coo.row == coo.col
+    want = w[(pos[coo.row] < pos[coo.col]) & ~loops].sum() / w[~loops].sum()
+    fwd, tot = order_share_keys(indptr, unsigned(A.indices), A.data, inv, keys, ties, 0)
+    assert tot == pytest.approx(w[~loops].sum(), rel=1e-12)
+    assert fwd / tot == pytest.approx(want, rel=1e-12)
+    fwd8, tot8 = order_share_keys(indptr, unsigned(A.indices), A.data, inv, keys, ties, 3)
+    assert 0.08 * tot < tot8 < 0.17 * tot and abs(fwd8 / tot8 - want) < 0.01
 
 
 def test_auto_loop(client):

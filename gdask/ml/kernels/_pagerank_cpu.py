@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["finish_sweep", "order_share_perm", "order_shares", "received_weights", "scale_block", "sort_by_key",
+__all__ = ["finish_sweep", "order_share_keys", "order_shares", "received_weights", "scale_block", "sort_by_key",
            "sweep_block", "transpose_renumber", "unsigned"]
 
 
@@ -91,18 +91,32 @@ def sort_by_key(keys, descending_ties):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True)
-def order_share_perm(indptr, indices, data, inv, pos):  # pragma: no cover - compiled
-    """Transition weight on links ``s -> t`` with ``pos[s] < pos[t]`` (forward in an ascending sweep
-    of the renumbered graph)."""
+def order_share_keys(indptr, indices, data, inv, keys, descending_ties, sample_bits):  # pragma: no cover - compiled
+    """Transition weight on links ``s -> t`` forward in the order of :func:`sort_by_key` (``keys[s] <
+    keys[t]``, equal keys by index), and on every link but self-loops: ``(forward, total)``, without
+    sorting. With ``sample_bits`` > 0, over the sources a multiplicative hash of the index picks (one
+    in ``2 ** sample_bits``, the same every call)."""
     n = indptr.shape[0] - 1
     fwd = 0.0
+    tot = 0.0
+    mult = np.uint64(2654435761)
+    mask = np.uint64(0xFFFFFFFF)
+    drop = np.uint64(32 - sample_bits)
     for s in range(n):
+        if sample_bits > 0 and ((np.uint64(s) * mult) & mask) >> drop != 0:
+            continue
         w0 = inv[s]
-        ps = pos[s]
+        ks = keys[s]
         for k in range(indptr[s], indptr[s + 1]):
-            if ps < pos[np.uint64(indices[k])]:
-                fwd += data[k] * w0
-    return fwd
+            t = np.int64(indices[k])
+            if t == s:
+                continue
+            w = data[k] * w0
+            tot += w
+            kt = keys[t]
+            if ks < kt or (ks == kt and ((t < s) if descending_ties else (s < t))):
+                fwd += w
+    return fwd, tot
 
 
 @njit(nogil=True, cache=True)
