@@ -463,6 +463,12 @@ def _on_workers(loop: str, method: str, n: int) -> bool:
     return method == "gauss-seidel" and n >= WORKERS_MIN_NODES and bool(config.get("ml.worker-loop", True))
 
 
+def _prepared_bytes(A: Any) -> int:
+    """About the bytes of ``A`` prepared for the loop on the workers (4-byte indices, weights, row
+    pointers): :func:`gdask.ml._pagerank_loop.prepare`'s output."""
+    return 12 * A.nnz + 8 * A.shape[0]
+
+
 def _worker_blocks(A: Any, client: Any) -> int:
     """Default ``nblocks`` of the loop on the workers: one block (one rank sweeps the whole graph in
     one Gauss-Seidel order) unless the graph has :data:`SPLIT_MIN_EDGES_PER_NODE` edges a node or
@@ -472,7 +478,7 @@ def _worker_blocks(A: Any, client: Any) -> int:
     n = A.shape[0]
     limits = [w.get("memory_limit") or 0 for w in info.values()]
     room = min(limits) / 4 if limits and min(limits) > 0 else float("inf")
-    size = 12 * A.nnz + 24 * n  # the blocks (indices, weights) and the rank's own vectors
+    size = _prepared_bytes(A) + 16 * n  # the blocks and the rank's own vectors
     if A.nnz >= SPLIT_MIN_EDGES_PER_NODE * n or size > room:
         return workers
     return 1
@@ -488,7 +494,7 @@ def _pagerank_workers(A: Any, *, damping: float, tol: float, max_iter: int, nblo
         nblocks = _worker_blocks(A, client)
     # the blocks in node order are built beside the choice of the order (the kernels release the GIL),
     # kept unless the nodes are renumbered; not when a second copy of the graph would crowd the memory
-    spare = 12 * A.nnz + 8 * A.shape[0] < psutil.virtual_memory().available / 4
+    spare = _prepared_bytes(A) < psutil.virtual_memory().available / 4
     pos = None
     with ThreadPoolExecutor(1, thread_name_prefix="gdask-pagerank") as pool:
         in_node_order = pool.submit(prepare, A, None, nblocks) if spare else None
