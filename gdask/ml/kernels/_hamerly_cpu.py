@@ -4,8 +4,8 @@
   both bounds, per-cluster sums and counts, ``sum w |x|^2`` and the farthest rows
   (:func:`_first_pass_numba`).
 * :func:`step`: one bounds step (:func:`_step_numba`): the rows that fail their bounds go through the
-  full pass's tiled distance loop, gathered a tile at a time; it gives up (returns -1) once too many
-  rows fail their bounds, when a full pass is cheaper.
+  full pass's tiled distance loop, gathered a chunk of rows at a time; it gives up (returns -1) once
+  too many rows fail their bounds, when a full pass is cheaper.
 * :func:`assigned_sqdist`: squared distance of each row to its labelled center (float64).
 """
 
@@ -46,8 +46,12 @@ FULL_PASS_FRACTION = 0.4
 #: (scaled to the block) exceed the step's limit, it gives up before moving anything
 _SCAN_STRIDE = 8
 
-#: a step moves the bounds of this many rows at a time (one SIMD loop), then takes the rows that fail
-_SCAN_CHUNK = 4 * TILE
+#: a step looks at this many consecutive rows at a time: their bounds in one SIMD loop, then the
+#: failing ones gathered feature by feature (one long forward read per feature: on a block in main
+#: memory, gathering 23% of a 187,500 x 24 float32 block's rows took 1.3-1.4 ms in chunks of 8,192
+#: rows, 1.9 in chunks of 512, 2.4 a tile of 128 failing rows at a time, whose 24 short reads the
+#: prefetchers did not follow; the block's 18 MB stream in ~0.8 ms)
+_SCAN_CHUNK = 8192
 
 #: ... in runs of this many consecutive rows, one run every ``_SCAN_STRIDE`` runs: the look reads an
 #: eighth of the bounds' cache lines (every 8th row alone touched all of them: ~the cost of a full scan)
@@ -114,20 +118,15 @@ def _first_pass_numba(xt, w, centers, norms, sums, counts, labels, bounds, topv,
 
 
 @njit(inline="always")
-def _step_tile(xt, w, rows, xg, c2, cn, cmax, marg, norms, labels, upper, lower, du, dl, sums, counts, dist, mind,
+def _step_tile(w, rows, xg, t0, c2, cn, cmax, marg, norms, labels, upper, lower, du, dl, sums, counts, dist, mind,
                mind2, lab):  # pragma: no cover - compiled
-    """The failing ``rows`` (at most a tile) of a bounds step: gathered feature-major, their distances
-    by the full pass's tiled loop, both bounds set as a full pass sets them (stored against the
-    block's accumulated drifts ``du`` / ``dl``), and the rows that change cluster moved between the
-    sums. Returns how many changed."""
-    d = xt.shape[0]
+    """A tile of the failing ``rows`` of a bounds step, gathered feature-major in ``xg`` from column
+    ``t0``: their distances by the full pass's tiled loop, both bounds set as a full pass sets them
+    (stored against the block's accumulated drifts ``du`` / ``dl``), and the rows that change
+    cluster moved between the sums. Returns how many changed."""
+    d = xg.shape[0]
     m = rows.shape[0]
-    for j in range(d):  # one feature of every failing row, then the next: short forward reads
-        xrow = xt[j]
-        grow = xg[j]
-        for t in range(m):
-            grow[t] = xrow[rows[t]]
-    tile_distances(xg, 0, m, c2, cn, dist)
+    tile_distances(xg, t0, m, c2, cn, dist)
     tile_argmin2(dist, m, mind, mind2, lab)
     changed = 0
     for t in range(m):
@@ -144,7 +143,7 @@ def _step_tile(xt, w, rows, xg, c2, cn, cmax, marg, norms, labels, upper, lower,
             sa = sums[a]
             sb = sums[b]
             for j in range(d):
-                x = wi * xg[j, t]
+                x = wi * xg[j, t0 + t]
                 sa[j] -= x
                 sb[j] += x
             counts[a] -= wi
@@ -168,10 +167,11 @@ def _step_numba(xt, w, centers, norms, labels, upper, lower, du, dl, half, sums,
     centers, over the steps since the full pass (this step's included). So the scan only reads the
     bounds (20 bytes a row, not 36 read and written) and writes those of the failing rows.
 
-    The rows that fail their bounds are gathered, :data:`TILE` at a time, into a feature-major tile
-    and go through the full pass's tiled distance loop (``centers`` in the block's dtype): their
-    labels and both bounds come out as a full pass would make them, at the full pass's cost per row
-    (SIMD over rows) instead of a scalar loop over every center per row."""
+    The rows that fail their bounds are gathered, :data:`_SCAN_CHUNK` rows' worth at a time, into a
+    feature-major buffer and go through the full pass's tiled distance loop, a tile at a time
+    (``centers`` in the block's dtype): their labels and both bounds come out as a full pass would
+    make them, at the full pass's cost per row (SIMD over rows) instead of a scalar loop over every
+    center per row."""
     d, n = xt.shape
     k = centers.shape[0]
     if limit < n:  # a look at one row in 8 first: most of them failing their bounds, give up now, before
@@ -190,34 +190,33 @@ def _step_numba(xt, w, centers, norms, labels, upper, lower, du, dl, half, sums,
     lab = np.empty(TILE, np.int32)
     mind = np.empty(TILE, xt.dtype)
     mind2 = np.empty(TILE, xt.dtype)
-    xg = np.empty((d, TILE), xt.dtype)  # the failing rows, feature-major
-    idx = np.empty(TILE + _SCAN_CHUNK, np.int64)  # failing rows not yet looked at (less than a tile between chunks)
-    fail = np.empty(_SCAN_CHUNK, np.bool_)
+    chunk = min(_SCAN_CHUNK, n)
+    xg = np.empty((d, chunk), xt.dtype)  # the chunk's failing rows, feature-major
+    idx = np.empty(chunk, np.int64)
+    fail = np.empty(chunk, np.bool_)
     changed = 0
     looked = 0
-    cnt = 0
-    for s0 in range(0, n, _SCAN_CHUNK):
-        e = min(n, s0 + _SCAN_CHUNK)
+    for s0 in range(0, n, chunk):
+        e = min(n, s0 + chunk)
         for i in range(s0, e):  # flag the rows their moved bounds no longer settle (no branches, no stores)
             a = labels[i]
             fail[i - s0] = upper[i] + du[a] > max(lower[i] - dl[a], half[a])
-        start = cnt
+        cnt = 0
         for i in range(s0, e):  # the flagged rows' indices, in order (a store per row, no branch)
             idx[cnt] = i
             cnt += fail[i - s0]
-        looked += cnt - start
+        looked += cnt
         if looked > limit:  # most rows fail their bounds: a full pass is cheaper than this step
             return -1, looked
-        last = e == n
-        t0 = 0
-        while cnt - t0 >= TILE or (last and cnt > t0):  # full tiles of failing rows (the rest waits for more)
+        for j in range(d):  # one feature of every failing row of the chunk, then the next: long forward reads
+            xrow = xt[j]
+            grow = xg[j]
+            for t in range(cnt):
+                grow[t] = xrow[idx[t]]
+        for t0 in range(0, cnt, TILE):
             m = min(TILE, cnt - t0)
-            changed += _step_tile(xt, w, idx[t0:t0 + m], xg, c2, cn, cmax, marg, norms, labels, upper, lower, du,
+            changed += _step_tile(w, idx[t0:t0 + m], xg, t0, c2, cn, cmax, marg, norms, labels, upper, lower, du,
                                   dl, sums, counts, dist, mind, mind2, lab)
-            t0 += m
-        for t in range(t0, cnt):
-            idx[t - t0] = idx[t]
-        cnt -= t0
     return changed, looked
 
 
