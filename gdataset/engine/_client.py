@@ -5,7 +5,9 @@ stream modes, and the client's part of a loop on the workers.
   are (the :class:`~gdask.gdataset.engine._plan.Situation` the mode choice needs).
 * :class:`ClientContext`: a pass is one graph, one task per group of blocks held by a worker thread
   (``"client"``) or one task per block in alternating scan order through the window cache
-  (``"stream"``); :func:`bounded_compute` waits for it, bounded by ``gdask.timeouts.pass``.
+  (``"stream"``); :func:`bounded_compute` waits for it, bounded by ``gdask.timeouts.pass``. Without
+  a Client, on Dask's threaded scheduler, a pass over blocks held in memory calls the tasks' function
+  on a thread pool, without a graph (:class:`LocalPasses`).
 * :func:`run_workers_loop`: start the ranks of a loop on the workers, relay their checkpoints to
   the fit's records in this thread, and after a failure find the newest checkpoint a survivor kept.
 * :func:`drop_state`: forget the fit's per-worker state at its end.
@@ -16,14 +18,18 @@ from __future__ import annotations
 import logging
 import pickle
 import time
+from concurrent.futures import FIRST_EXCEPTION, Executor, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import dask
+import dask.array as da
 from dask.base import tokenize
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
-from dask.task_spec import Task
+from dask.system import CPU_COUNT
+from dask.task_spec import DataNode, Task
 from distributed import wait
 
 from gdask import config, protocol
@@ -32,7 +38,7 @@ from gdask.gdataset import _blocks
 from gdask.gdataset._core import GDataSet, _Operands, device_layer
 from gdask.gdataset.collective import CollectiveError, run_on_workers
 from gdask.gdataset.engine import _worker
-from gdask.gdataset.engine._api import Blocks, IterativeAlgorithm, LoopContext, block_arg, pass_name
+from gdask.gdataset.engine._api import BlockIndex, Blocks, IterativeAlgorithm, LoopContext, block_arg, pass_name
 from gdask.gdataset.engine._events import CheckpointEvents, LoopEvents, loop_topic
 from gdask.gdataset.engine._plan import Situation
 from gdask.gdataset.engine._records import Records
@@ -141,8 +147,100 @@ def _window_bytes_h2d() -> int | None:
         return None
 
 
+class LocalPasses:
+    """A client-mode loop's passes without a Client: each group's task called on a thread pool, without
+    building, optimising and ordering a graph for every pass (3-4 ms of the main thread's time per
+    K-means iteration, most of it holding the GIL while the pool's threads waited for it).
+
+    Used only where Dask's local scheduler would run the pass on threads (``scheduler`` unset,
+    ``"threads"`` or an executor) and every dataset's blocks are values in memory (persisted here);
+    otherwise :meth:`ClientContext.map` builds the graph as before. The pool is Dask's ``pool`` or
+    ``scheduler`` executor when configured, else one of ``num_workers`` (default: the CPU count)
+    threads that :meth:`close` shuts down."""
+
+    def __init__(self) -> None:
+        self._pool: Executor | None = None
+        self._own = False
+        self._blocks: dict[str, list | None] = {}
+
+    def executor(self) -> Executor | None:
+        """The pool a pass runs on, or None where Dask's configuration asks for another scheduler."""
+        sched = dask.config.get("scheduler", None)
+        if isinstance(sched, Executor):
+            return sched
+        if sched not in (None, "threads", "threading"):
+            return None
+        pool = dask.config.get("pool", None)
+        if isinstance(pool, Executor):
+            return pool
+        if self._pool is None:
+            n = int(dask.config.get("num_workers", None) or CPU_COUNT)
+            self._pool, self._own = ThreadPoolExecutor(max_workers=n, thread_name_prefix="gdask-pass"), True
+        return self._pool
+
+    def blocks(self, g: GDataSet) -> list | None:
+        """The blocks of ``g`` as values, when its graph holds them (else None: a graph computes them)."""
+        if g.name not in self._blocks:
+            graph = g.__dask_graph__()
+            values = []
+            for key in g.__dask_keys__():
+                v = graph.get(key)
+                if isinstance(v, DataNode):
+                    v = v.value
+                elif not (hasattr(v, "shape") and hasattr(v, "dtype")):  # a task (or an alias) computes it
+                    values = None
+                    break
+                values.append(v)
+            self._blocks[g.name] = values
+        return self._blocks[g.name]
+
+    def calls(self, ref: GDataSet, args: tuple, groups: list[list[int]]) -> list[list] | None:
+        """Each group's flat argument list (as :func:`~gdask.gdataset._blocks.group_map_op` takes it),
+        or None when some operand needs a graph (a dask array, a delayed value, blocks not in memory,
+        or blocks unlike ``ref``'s: the graph's operands raise the error)."""
+        per: list[Any] = []
+        for a in args:
+            if isinstance(a, GDataSet):
+                values = None if a.row_blocks != ref.row_blocks else self.blocks(a)
+                if values is None:
+                    return None
+                per.append(values)
+            elif isinstance(a, (da.Array, Delayed)):
+                return None
+            else:
+                per.append(a)
+        return [[(v[b] if isinstance(a, GDataSet) else b if isinstance(a, BlockIndex) else v)
+                 for b in g for a, v in zip(args, per)] for g in groups]
+
+    def run(self, pool: Executor, func: Callable, nargs: int, calls: list[list], kwargs: dict,
+            what: str) -> list:
+        """Run the groups' tasks on ``pool``; bounded by config ``gdask.timeouts.pass`` (then
+        :class:`TimeoutError` naming ``what``)."""
+        limit = float(config.get("timeouts.pass", 3600))
+        futures = [pool.submit(_blocks.group_map_op, func, nargs, *flat, **kwargs) for flat in calls]
+        done, pending = wait_futures(futures, timeout=limit, return_when=FIRST_EXCEPTION)
+        for f in futures:
+            if f in done and f.exception() is not None:
+                for p in pending:
+                    p.cancel()
+                raise f.exception()
+        if pending:
+            for p in pending:
+                p.cancel()
+            raise TimeoutError(f"{what} did not finish within {limit:g} s (gdask.timeouts.pass)")
+        return [f.result() for f in futures]
+
+    def close(self) -> None:
+        """Shut the pool down if this object made it (its threads finish their tasks and end)."""
+        if self._own and self._pool is not None:
+            self._pool.shutdown(wait=False)
+        self._pool, self._own = None, False
+        self._blocks.clear()
+
+
 class ClientContext(LoopContext):
-    """A driver's context from the client: one graph per pass (``stream``: one task per block)."""
+    """A driver's context from the client: one graph per pass (``stream``: one task per block;
+    without a Client, blocks in memory: :class:`LocalPasses`)."""
 
     def __init__(self, data: dict[str, GDataSet | None], groups: list[list[int]] | None, token: str,
                  iteration: int, progress: Callable[[Any, dict], None], stream: bool = False) -> None:
@@ -157,6 +255,7 @@ class ClientContext(LoopContext):
         self._t0 = time.perf_counter()
         self._passes = 0
         self._moved = _window_bytes_h2d() if stream else None
+        self._local = LocalPasses()
 
     def _resolve(self, a: Any) -> Any:
         return self.datasets[a.name] if isinstance(a, Blocks) else a
@@ -184,8 +283,13 @@ class ClientContext(LoopContext):
         else:
             groups = [g2 for g2 in ([b for b in g if b in keep] for g in self.groups) if g2]
         prefix = name or pass_name(func)
-        outs = self._graph(func, args, kwargs, groups, prefix)
         what = f"pass {self._passes} ({prefix}) of a {self.mode} loop"
+        results = self._map_here(func, args, kwargs, groups, what)
+        if results is not None:
+            self._passes += 1
+            by_block = {b: r for g, res in zip(groups, results) for b, r in zip(g, res)}
+            return [by_block[b] for b in wanted]
+        outs = self._graph(func, args, kwargs, groups, prefix)
         if self.stream:
             with scan(self.ref.__dask_keys__(), self._passes):
                 results = bounded_compute(outs, what)
@@ -194,6 +298,20 @@ class ClientContext(LoopContext):
         self._passes += 1
         by_block = {b: r for g, res in zip(groups, results) for b, r in zip(g, res)}
         return [by_block[b] for b in wanted]
+
+    def _map_here(self, func, args, kwargs, groups, what) -> list | None:
+        """The pass without a graph (:class:`LocalPasses`), or None where it needs one."""
+        if self.stream or default_client_or_none() is not None:
+            return None
+        pool = self._local.executor()
+        calls = None if pool is None else self._local.calls(self.ref, args, groups)
+        if calls is None:
+            return None
+        return self._local.run(pool, func, len(args), calls, kwargs, what)
+
+    def close(self) -> None:
+        """Release what the passes held (the local pool)."""
+        self._local.close()
 
     def checkpoint(self, state, **record):
         now = time.perf_counter()

@@ -109,12 +109,15 @@ def _run_attempt(fit: _Fit, attempt: Attempt) -> EngineResult:
         return EngineResult(out.state, out.finals, "workers", records.history, attempt.restarts, out.iteration)
     ctx = ClientContext(fit.datasets, attempt.groups, fit.token, records.resume.iteration, records,
                         stream=attempt.mode == "stream")
-    state = algorithm.run(records.resume.state, ctx)
-    finals = None
-    spec = algorithm.final(state)
-    if spec is not None:
-        func, args, kwargs = spec
-        finals = ctx.map(func, *args, name=f"{algorithm.name}-final", **kwargs)
+    try:
+        state = algorithm.run(records.resume.state, ctx)
+        finals = None
+        spec = algorithm.final(state)
+        if spec is not None:
+            func, args, kwargs = spec
+            finals = ctx.map(func, *args, name=f"{algorithm.name}-final", **kwargs)
+    finally:
+        ctx.close()
     return EngineResult(state, finals, attempt.mode, records.history, attempt.restarts, ctx.iteration)
 
 
