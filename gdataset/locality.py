@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from distributed import default_client, futures_of
 from distributed import wait as wait_for_futures
@@ -72,7 +73,7 @@ class BlockPlaces:
     Attributes
     ----------
     workers : dict
-        ``{block index: worker address}`` (the first holder of each block in memory).
+        ``{block index: worker address}`` (one holder of each block in memory: see :func:`_one_holder`).
     nthreads : dict
         ``{worker address: threads}`` of every worker of the cluster.
     """
@@ -151,13 +152,33 @@ def block_places(x: Any, client: Any = None, wait_ready: bool = False) -> BlockP
         who, nthreads = client.sync(ask)
     except OSError:  # the scheduler is gone: treat as not persisted
         return None
-    workers = {index[k]: sorted(addrs)[0] for k, addrs in who.items() if k in index and addrs}
-    return BlockPlaces(workers, {addr: int(n) for addr, n in nthreads.items()})
+    held = {index[k]: sorted(addrs) for k, addrs in who.items() if k in index and addrs}
+    threads = {addr: int(n) for addr, n in nthreads.items()}
+    return BlockPlaces(_one_holder(held, getattr(x, "row_blocks", None), threads), threads)
+
+
+def _one_holder(held: dict[int, list[str]], rows: Sequence[int] | None, nthreads: dict[str, int]) -> dict[int, str]:
+    """One holder per block: a block held by one worker stays there; a block several workers hold
+    (a task elsewhere fetched it, e.g. a reduction's) goes, in block order, to the holder with the
+    fewest rows per thread so far. The first holder of each (as before) put 6 of 8 blocks on one of
+    two workers after a reduction had fetched half of them: a loop's ranks then ran 6:2."""
+    size = (lambda b: float(rows[b])) if rows is not None and len(rows) > max(held, default=-1) else (lambda b: 1.0)
+    load: dict[str, float] = defaultdict(float)
+    out: dict[int, str] = {}
+    for b, addrs in held.items():
+        if len(addrs) == 1:
+            out[b] = addrs[0]
+            load[addrs[0]] += size(b)
+    for b in sorted(b for b, addrs in held.items() if len(addrs) > 1):
+        a = min(held[b], key=lambda w: ((load[w] + size(b)) / max(1, nthreads.get(w, 1)), w))
+        out[b] = a
+        load[a] += size(b)
+    return dict(sorted(out.items()))
 
 
 def block_workers(x: Any, client: Any = None, wait_ready: bool = False) -> tuple[dict[int, str], dict[str, int]] | None:
     """``({block index: worker address}, {worker address: nthreads})`` for the blocks of ``x`` held
-    in cluster memory (first holder of each): :func:`block_places` as a tuple.
+    in cluster memory (one holder of each): :func:`block_places` as a tuple.
 
     Returns
     -------

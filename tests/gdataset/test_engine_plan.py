@@ -26,6 +26,45 @@ def test_block_places_group_each_workers_blocks_by_thread():
     assert groups_of(None, 4) is None
 
 
+def test_a_block_several_workers_hold_goes_where_it_balances():
+    from gdask.gdataset.locality import _one_holder
+
+    a, b = "tcp://a", "tcp://b"
+    # a reduction fetched blocks 0, 2, 4, 6 to b: the first holder of each put 6 of 8 on a
+    held = {i: ([a] if i % 2 == 0 else [b]) for i in range(8)}
+    held.update({i: [a, b] for i in (0, 2, 4, 6)})
+    got = _one_holder(held, [10] * 8, {a: 1, b: 1})
+    assert sorted(got) == list(range(8)) and {i: got[i] for i in (1, 3, 5, 7)} == {i: b for i in (1, 3, 5, 7)}
+    assert sorted(list(got.values()).count(w) for w in (a, b)) == [4, 4]
+    # by rows per thread: b's two threads take twice a's rows; a short last block counts less
+    held = {i: [a, b] for i in range(6)}
+    got = _one_holder(held, [10, 10, 10, 10, 10, 1], {a: 1, b: 2})
+    rows = {w: sum([10, 10, 10, 10, 10, 1][i] for i, x in got.items() if x == w) for w in (a, b)}
+    assert rows == {a: 20, b: 31}, got
+
+
+def test_blocks_another_worker_fetched_keep_the_ranks_even(client):
+    """Blocks a task elsewhere fetched are held twice (a reduction's, e.g. K-means' variance pass
+    right after persist): one holder each, half the blocks on each worker (the first holder of each
+    put every block on one worker here)."""
+    from distributed import futures_of
+
+    from gdask.gdataset import block_places
+
+    X = gdask.from_array(np.random.default_rng(0).random((8_000, 3)), block_rows=1_000).persist()
+    places = block_places(X, client, wait_ready=True)
+    later = max(places.workers.values())
+    futures = futures_of(X)
+    client.replicate([futures[i] for i, w in places.workers.items() if w == later], n=2)
+    who = client.who_has(futures)
+    assert sum(len(v) == 2 for v in who.values()) == list(places.workers.values()).count(later) > 0
+    again = block_places(X, client)
+    assert sorted(list(again.workers.values()).count(w) for w in set(again.workers.values())) == [
+        min(list(places.workers.values()).count(w) for w in set(places.workers.values())),
+        max(list(places.workers.values()).count(w) for w in set(places.workers.values()))]
+    assert again.workers == places.workers  # each block on the worker it was placed on
+
+
 def _situation(**kw):
     base = dict(has_client=True, has_data=True, nblocks=4, streaming=False, places=PLACES, worker_loop=True)
     return _plan.Situation(**{**base, **kw})
