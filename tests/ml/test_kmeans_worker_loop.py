@@ -186,3 +186,24 @@ def test_on_a_plain_dask_cluster(data):
         a, b = _both(*data, max_iter=8, tol=0)
         assert (a.fit_mode_, b.fit_mode_) == ("workers", "client")
         _assert_same(a, b)  # lazy labels_ read the cluster's blocks
+
+
+def test_loop_state_pickles_its_history_whole():
+    """A rank pickles its checkpoint every iteration: the bounds history goes as one array and comes
+    back as the same list of centers."""
+    import pickle
+
+    from gdask.ml._kmeans._loop import LoopState
+
+    rng = np.random.default_rng(0)
+    st = LoopState(rng.random((3, 2)).astype(np.float32), True, 1e-4, np.dtype(np.float32), 10)
+    st.history = [rng.random((3, 2)) for _ in range(5)]
+    st.times = [0.1, 0.2]
+    back = pickle.loads(pickle.dumps(st.copy(), protocol=5))
+    assert len(back.history) == 5
+    for a, b in zip(back.history, st.history):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(back.centers, st.centers)
+    assert (back.times, back.n, back.dtype, back.bounds) == (st.times, st.n, st.dtype, st.bounds)
+    back.history.append(np.zeros((3, 2)))  # a list again: the loop appends to it
+    assert pickle.loads(pickle.dumps(LoopState(st.centers, False, 0.0, st.dtype, 10))).history == []
