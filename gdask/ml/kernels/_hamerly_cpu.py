@@ -36,11 +36,14 @@ from gdask.ml.kernels._cpu_common import (
 
 __all__ = ["FULL_PASS_FRACTION", "assigned_sqdist", "bounds", "first_pass", "give_back", "step"]
 
-#: a step gives up for a full pass beyond this fraction of rows failing their bounds: a failing row
-#: costs about twice a full pass's row (gathered feature by feature; the gathers touch most of the
-#: block's cache lines anyway), and the scan of the bounds ~15% of a full pass (measured on a
-#: 187,500 x 24 float32 block, K=20: a step at 30% took 7.0 ms, the full pass 11.3)
-FULL_PASS_FRACTION = 0.4
+#: a step gives up for a full pass beyond this fraction of rows failing their bounds. Measured on 8
+#: blocks of 187,500 x 24 float32 rows in main memory, K=20: a step costs ~1.9 ms + 5.6 ms x the failing
+#: fraction (the scan, then gathering the failing rows touches most of the block's cache lines from
+#: ~10%: 2.8 ms at 17%, 4.0 at 34%, 5.0 at 48%, 5.6 at 57%, 6.4 at 73%), the full pass that rebuilds the
+#: bounds 6.2-6.4 ms and Lloyd's 5.6-5.9. Whole default fits on uniform rows: 0.4 -> 0.6 took 4.9-5.0 s
+#: -> 4.7-4.8 s (fewer steps gave up, and the loop went back to Lloyd's passes less), the same on
+#: Gaussian rows and on clustered ones
+FULL_PASS_FRACTION = 0.6
 
 #: a bounds step first looks at one row in this many: when the rows failing their bounds there
 #: (scaled to the block) exceed the step's limit, it gives up before moving anything
