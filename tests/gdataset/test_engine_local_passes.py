@@ -74,13 +74,36 @@ def test_passes_over_persisted_blocks_build_no_graph_and_match_the_graphs(graphs
     assert {r["thread"] for r in ref["first"]} == {threading.current_thread().name}
 
 
-def test_blocks_still_to_compute_go_through_a_graph(graphs):
-    X = gdask.from_array(np.random.default_rng(1).random((40, 3)), block_rows=10)
-    lazy = _run(X * 2.0)
-    assert len(graphs) == 2
-    here = _run((X * 2.0).persist())
-    assert len(graphs) == 2
-    assert [r["sum"] for r in lazy["first"]] == [r["sum"] for r in here["first"]]
+_MADE = []
+
+
+def _made(b):
+    _MADE.append(b.shape[0])
+    return b * 2.0
+
+
+def test_a_loop_without_a_client_makes_the_blocks_once(graphs, monkeypatch):
+    """Blocks still to compute are made once for the loop (persisted here), not by every pass; without
+    room for them in memory, every pass's graph makes them again."""
+    X = gdask.from_array(np.random.default_rng(1).random((40, 3)), block_rows=10).map_blocks(_made)
+    _MADE.clear()
+    kept = _run(X)
+    assert len(_MADE) == 4 and graphs == []
+    monkeypatch.setattr(_client, "_room_here", lambda datasets: False)
+    _MADE.clear()
+    again = _run(X)
+    assert len(_MADE) == 6 and len(graphs) == 2  # each pass made its blocks: four, then two
+    assert [r["sum"] for r in kept["first"]] == [r["sum"] for r in again["first"]]
+
+
+def test_room_here_counts_every_dataset(monkeypatch):
+    import psutil
+
+    X = gdask.from_array(np.ones((1000, 10)), block_rows=100)  # 80 kB
+    free = type("Free", (), {"available": 4 * X.nbytes})
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: free)
+    assert _client._room_here({"X": X, "W": None})
+    assert not _client._room_here({"X": X, "Y": X, "W": None})  # 160 kB of 320 kB free: not under half
 
 
 def test_a_configured_pool_runs_the_passes(graphs):
