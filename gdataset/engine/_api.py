@@ -51,10 +51,16 @@ class IterativeAlgorithm:
     modes : tuple of str
         Where its driver may run (``"workers"``, ``"client"``, ``"stream"``); the engine picks the
         first that the situation allows, in the order of :data:`MODES`.
+    checkpoint_copies : bool
+        The driver gives ``ctx.checkpoint`` a state it never changes afterwards (a fresh copy each
+        iteration): a rank on the workers then keeps it as it is and pickles it only when it is sent
+        or asked for, instead of every iteration. Default False: each checkpoint is pickled at once,
+        so a state the driver goes on changing is still recorded as it was.
     """
 
     name = "loop"
     modes: tuple[str, ...] = MODES
+    checkpoint_copies = False
 
     def run(self, state: Any, ctx: LoopContext) -> Any:
         """The driver: iterate from ``state`` (``ctx.iteration`` iterations are already done) and

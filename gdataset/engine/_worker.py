@@ -58,7 +58,12 @@ async def last_checkpoint(token: str, wait: float = 0.0, dask_worker: Any = None
     space = context(dask_worker).state.get(f"{token}-{_CHECKPOINT}", create=False)
     if space is None or space.get(_CHECKPOINT) is None:
         return None
-    return space[_CHECKPOINT], pickle.dumps(space.get(_RECENT, ()), protocol=5)
+    return _pickled(space[_CHECKPOINT]), pickle.dumps(space.get(_RECENT, ()), protocol=5)
+
+
+def _pickled(kept: Any) -> bytes:
+    """A kept checkpoint as the pickle of ``(iteration, state, record)`` (kept unpickled: pickled now)."""
+    return kept if isinstance(kept, bytes) else pickle.dumps(kept, protocol=5)
 
 
 def drop_on_worker(token: str, dask_worker: Any = None) -> bool:
@@ -118,8 +123,9 @@ class WorkersContext(LoopContext):
 
     def __init__(self, comm: Any, owned: list, names: Sequence[str], nblocks: int, token: str, iteration: int,
                  topic: str | None, streaming: bool = False, state_every: float = 0.0,
-                 progress_every: float = 0.0) -> None:
+                 progress_every: float = 0.0, keep_states: bool = False) -> None:
         super().__init__(names, nblocks, token, iteration)
+        self.keep_states = bool(keep_states)  # the driver's checkpointed states are copies: kept unpickled
         self.comm = comm
         self.owned = owned
         self.streaming = streaming
@@ -218,16 +224,20 @@ class WorkersContext(LoopContext):
         # should every worker be lost). distributed keeps the last messages of every stream (its low-level
         # log), so a state per iteration would stay in memory many times over. Events must be msgpack-able:
         # pickled
-        payload = pickle.dumps((self.iteration, state, rec), protocol=5)
+        # pickled. A driver that checkpoints copies (IterativeAlgorithm.checkpoint_copies) has its states
+        # kept as they are and pickled when sent or asked for: pickling K-means' state every iteration cost
+        # ~1 ms of a 16 ms step on each rank (its bounds history, ~1 MB late in a fit, in fresh memory)
+        entry = (self.iteration, state, rec)
+        kept = entry if self.keep_states else pickle.dumps(entry, protocol=5)
         self._recent.append((self.iteration, rec))
         space = checkpoint_space(self.comm.worker, self.token)
-        space[_CHECKPOINT] = payload
+        space[_CHECKPOINT] = kept
         space[_RECENT] = tuple(self._recent)  # a snapshot: the event loop's thread may read it meanwhile
         if self.topic and self.rank == 0:
             self._unsent.append((self.iteration, rec))
             if now - self._state_sent >= self.state_every:
                 self._state_sent = now
-                self._send(payload)
+                self._send(_pickled(kept))
             elif now - self._sent >= self.progress_every or len(self._unsent) >= _UNSENT_MAX:
                 self._send()
 
@@ -309,7 +319,8 @@ def driver_on_worker(comm: Any, algorithm: IterativeAlgorithm, task: RankTask, b
     else:
         owned = [(b, dict(zip(task.names, arrays))) for b, arrays in blocks]
     ctx = WorkersContext(comm, owned, task.names, task.nblocks, task.token, task.iteration, task.topic,
-                         streaming=task.lazy, state_every=task.state_every, progress_every=task.progress_every)
+                         streaming=task.lazy, state_every=task.state_every, progress_every=task.progress_every,
+                         keep_states=bool(getattr(algorithm, "checkpoint_copies", False)))
     try:
         state = algorithm.run(task.state, ctx)
     except CollectiveError:

@@ -112,3 +112,38 @@ def test_block_index_is_each_blocks_index(data, where, request):
     res = run_loop(BlockIndexes(), {"X": G}, None)
     assert res.mode == ("workers" if where == "workers" else "client")
     assert res.state == [(b, float(x[100 * b, 0])) for b in range(10)]
+
+
+class _Comm:
+    """The part of a communicator a rank's context reads when it checkpoints (no peers, no worker)."""
+
+    rank, size, worker = 0, 1, None
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_rank_keeps_its_last_checkpoint_for_the_survivors(keep):
+    """What a survivor gives back is the pickle of the last (iteration, state, record): pickled at once,
+    or (a driver that checkpoints copies) kept as it is and pickled when asked for."""
+    import asyncio
+    import pickle
+
+    from gdask.gdataset.engine import _worker
+
+    token = f"keep-{keep}"
+    ctx = _worker.WorkersContext(_Comm(), [], ["X"], 1, token, 0, None, keep_states=keep)
+    try:
+        ctx.checkpoint({"x": np.arange(3.0)}, loss=1.0)
+        state = {"x": np.arange(3.0) + 10}
+        ctx.checkpoint(state, loss=0.5)
+        kept = _worker.checkpoint_space(None, token)[_worker._CHECKPOINT]
+        assert isinstance(kept, tuple) == keep
+        if not keep:
+            state["x"][:] = -1  # a driver changing its state after the checkpoint: recorded as it was
+        payload, recent = asyncio.run(_worker.last_checkpoint(token))
+        iteration, got, rec = pickle.loads(payload)
+        assert iteration == 2 and rec["loss"] == 0.5
+        np.testing.assert_array_equal(got["x"], [10.0, 11.0, 12.0])
+        assert [it for it, _ in pickle.loads(recent)] == [1, 2]
+    finally:
+        _worker.drop_on_worker(token)
+

@@ -122,6 +122,7 @@ class KMeansLoop(IterativeAlgorithm):
     """K-means on the iteration engine: one pass (Lloyd's, or a step on the bounds) per iteration."""
 
     name = "kmeans"
+    checkpoint_copies = True  # run() checkpoints loop.copy(): a fresh state each iteration, never changed after
 
     def __init__(self, max_iter: int, weighted: bool, labels: bool) -> None:
         self.max_iter = int(max_iter)
