@@ -303,16 +303,13 @@ class ClientContext(LoopContext):
         prefix = name or pass_name(func)
         what = f"pass {self._passes} ({prefix}) of a {self.mode} loop"
         results = self._map_here(func, args, kwargs, groups, what)
-        if results is not None:
-            self._passes += 1
-            by_block = {b: r for g, res in zip(groups, results) for b, r in zip(g, res)}
-            return [by_block[b] for b in wanted]
-        outs = self._graph(func, args, kwargs, groups, prefix)
-        if self.stream:
-            with scan(self.ref.__dask_keys__(), self._passes):
+        if results is None:
+            outs = self._graph(func, args, kwargs, groups, prefix)
+            if self.stream:
+                with scan(self.ref.__dask_keys__(), self._passes):
+                    results = bounded_compute(outs, what)
+            else:
                 results = bounded_compute(outs, what)
-        else:
-            results = bounded_compute(outs, what)
         self._passes += 1
         by_block = {b: r for g, res in zip(groups, results) for b, r in zip(g, res)}
         return [by_block[b] for b in wanted]

@@ -223,7 +223,6 @@ class WorkersContext(LoopContext):
         # K-means step), and the state with them only every ``state_every`` seconds (where the fit resumes
         # should every worker be lost). distributed keeps the last messages of every stream (its low-level
         # log), so a state per iteration would stay in memory many times over. Events must be msgpack-able:
-        # pickled
         # pickled. A driver that checkpoints copies (IterativeAlgorithm.checkpoint_copies) has its states
         # kept as they are and pickled when sent or asked for: pickling K-means' state every iteration cost
         # ~1 ms of a 16 ms step on each rank (its bounds history, ~1 MB late in a fit, in fresh memory)
