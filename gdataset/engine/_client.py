@@ -38,7 +38,7 @@ from gdask.gdataset import _blocks
 from gdask.gdataset._core import GDataSet, _Operands, device_layer
 from gdask.gdataset.collective import CollectiveError, run_on_workers
 from gdask.gdataset.engine import _worker
-from gdask.gdataset.engine._api import BlockIndex, Blocks, IterativeAlgorithm, LoopContext, block_arg, pass_name
+from gdask.gdataset.engine._api import Blocks, IterativeAlgorithm, LoopContext, block_arg, pass_name
 from gdask.gdataset.engine._events import CheckpointEvents, LoopEvents, loop_topic
 from gdask.gdataset.engine._plan import Situation
 from gdask.gdataset.engine._records import Records
@@ -227,8 +227,8 @@ class LocalPasses:
                 return None
             else:
                 per.append(a)
-        return [[(v[b] if isinstance(a, GDataSet) else b if isinstance(a, BlockIndex) else v)
-                 for b in g for a, v in zip(args, per)] for g in groups]
+        return [[(v[b] if isinstance(a, GDataSet) else block_arg(v, b)) for b in g for a, v in zip(args, per)]
+                for g in groups]
 
     def run(self, pool: Executor, func: Callable, nargs: int, calls: list[list], kwargs: dict,
             what: str) -> list:
