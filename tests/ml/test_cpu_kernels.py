@@ -77,6 +77,39 @@ def test_tile_argmin_matches_numpy_with_ties_and_nan_rows(k):
     assert (st.lower[ok] <= np.sqrt(d2.min(1)) + 1e-4).all()
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_nearest_update_is_assign_then_the_strictly_nearer(dtype):
+    """k-means||'s in-place update: the bits of assign on each new group then taking the strictly
+    nearer candidate, with rows far from the origin (the skipped rows' screen widens with |x|^2),
+    rows on a candidate (distance 0), duplicated candidates (ties keep the lower index) and groups
+    that leave most rows where they were."""
+    rng = np.random.default_rng(7)
+    X = rng.standard_normal((3000, 7)).astype(dtype)
+    X[:500] += dtype(300.0)
+    blk = np.asfortranarray(X)
+    groups = [X[[10]], X[rng.choice(3000, 9)], np.vstack([X[[42, 42]], X[rng.choice(3000, 6)]]),
+              X[rng.choice(3000, 3)] + dtype(0.5), X[rng.choice(3000, 12)]]
+    groups[4][3] = groups[1][2]  # a later duplicate of an earlier candidate never wins
+    cands = np.concatenate(groups)
+    mind = label = ref_mind = ref_label = None
+    seen = 0
+    for g in groups:
+        n_label, n_mind = _kmeans_cpu.assign(blk, g.astype(np.float64))
+        if ref_mind is None:
+            ref_mind, ref_label = n_mind, n_label
+        else:
+            nearer = n_mind < ref_mind
+            ref_mind, ref_label = np.where(nearer, n_mind, ref_mind), np.where(nearer, n_label + seen, ref_label)
+        mind, label = _kmeans_cpu.nearest_update(blk, cands[:seen + len(g)].astype(np.float64), seen, mind, label)
+        seen += len(g)
+        np.testing.assert_array_equal(mind, ref_mind)
+        np.testing.assert_array_equal(label, ref_label)
+    assert mind[42] == 0.0 and label[42] == 10  # the first of the two copies of row 42
+    assert not (label == 1 + 9 + 8 + 3 + 3).any() and (label == 3).any()
+    d2 = ((X[:, None, :].astype(np.float64) - cands[None].astype(np.float64)) ** 2).sum(-1)
+    np.testing.assert_allclose(mind, d2.min(1), rtol=1e-5, atol=1e-3)
+
+
 def test_step_that_gives_up_leaves_the_state_untouched():
     rng = np.random.default_rng(7)
     C = rng.uniform(-5, 5, (8, 4))

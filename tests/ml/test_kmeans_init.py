@@ -27,12 +27,12 @@ def test_each_round_computes_distances_to_its_new_candidates_only(blobs, backend
     from gdask.ml._kmeans import _init as init_module
 
     seen, inside = [], []
-    assign, parallel = kernels.assign, init_module._kmeans_parallel
+    update, parallel = kernels.nearest_update, init_module._kmeans_parallel
 
-    def counting(blk, centers):
+    def counting(blk, cands, done, *args):
         if inside:
-            seen.append(centers.shape[0])
-        return assign(blk, centers)
+            seen.append(cands.shape[0] - done)  # the candidates this call computes distances to
+        return update(blk, cands, done, *args)
 
     def tracked(*args, **kwargs):
         inside.append(True)
@@ -41,7 +41,7 @@ def test_each_round_computes_distances_to_its_new_candidates_only(blobs, backend
         finally:
             inside.clear()
 
-    monkeypatch.setattr(kernels, "assign", counting)
+    monkeypatch.setattr(kernels, "nearest_update", counting)
     monkeypatch.setattr(init_module, "_kmeans_parallel", tracked)
     km = _init(blobs, init_max_iter=4)
     # every block looks at each group of candidates once (the first row, then each round's draws): 5 calls

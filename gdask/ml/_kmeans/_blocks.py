@@ -62,14 +62,12 @@ def _nearest(blk, cands, sizes, token):
         st = None  # another block's, or of other candidates (a loop resumed elsewhere): start again
     start = 0 if st is None else st.seen
     for size in sizes[0 if st is None else st.groups:]:
-        label, mind = kernels.assign(blk, cands[start:start + size, :])
+        group = cands[:start + size, :]
         if st is None:
+            mind, label = kernels.nearest_update(blk, group, 0)
             st = _Nearest(weakref.ref(blk), 0, 0, mind, label)
         else:
-            xp = array_namespace(mind)
-            nearer = mind < st.mind
-            st.mind = xp.where(nearer, mind, st.mind)
-            st.label = xp.where(nearer, label + st.seen, st.label)
+            st.mind, st.label = kernels.nearest_update(blk, group, st.seen, st.mind, st.label)
         st.groups += 1
         st.seen += size
         start += size

@@ -29,7 +29,15 @@ from gdask.ml.kernels._common import FAR, N_FARTHEST, BlockBounds, host, row_wei
 from gdask.ml.kernels._cpu_common import NORMS_SPACE, row_norms
 from gdask.ml.kernels._dispatch import backend_for, kernels_for
 from gdask.ml.kernels._hamerly import MISSING, bounds_labels, bounds_partial
-from gdask.ml.kernels._kmeans import assign, labels_block, lloyd_combine, lloyd_partial, min_sqdist, next_centers
+from gdask.ml.kernels._kmeans import (
+    assign,
+    labels_block,
+    lloyd_combine,
+    lloyd_partial,
+    min_sqdist,
+    nearest_update,
+    next_centers,
+)
 from gdask.ml.kernels._kmeans_xp import cluster_sums
 from gdask.ml.kernels._logistic import (
     decision,
@@ -46,5 +54,5 @@ __all__ = [
     "FAR", "MISSING", "NORMS_SPACE", "N_FARTHEST", "BlockBounds", "assign", "backend_for", "bounds_labels",
     "bounds_partial", "cluster_sums", "decision", "encode_labels", "gram", "host", "kernels_for", "label_counts",
     "label_counts_combine", "labels_block", "lloyd_combine", "lloyd_partial", "loss_grad", "loss_grad_combine",
-    "min_sqdist", "next_centers", "row_norms", "row_weights", "sq_norms", "weighted_total",
+    "min_sqdist", "nearest_update", "next_centers", "row_norms", "row_weights", "sq_norms", "weighted_total",
 ]

@@ -11,10 +11,11 @@ from typing import Any
 
 import numpy as np
 
+from gdask.devices import array_namespace
 from gdask.ml.kernels import _dispatch
 from gdask.ml.kernels._common import FAR, N_FARTHEST
 
-__all__ = ["assign", "labels_block", "lloyd_combine", "lloyd_partial", "min_sqdist", "next_centers"]
+__all__ = ["assign", "labels_block", "lloyd_combine", "lloyd_partial", "min_sqdist", "nearest_update", "next_centers"]
 
 
 def lloyd_partial(blk: Any, centers: Any, w: Any = None) -> dict:
@@ -46,6 +47,23 @@ def lloyd_combine(parts: list[dict]) -> dict:
 def assign(blk: Any, centers: Any) -> tuple[Any, Any]:
     """Labels (int32) and exact squared distance to the nearest center (float64) of one block's rows."""
     return _dispatch.kernels_for("kmeans", blk, clusters=centers.shape[0]).assign(blk, centers)
+
+
+def nearest_update(blk: Any, cands: Any, seen: int, mind: Any = None, label: Any = None) -> tuple[Any, Any]:
+    """k-means||'s nearest candidate of each row: ``label`` (int32) and ``mind`` (its squared
+    distance, float64) over ``cands[:seen]`` (``None`` when ``seen`` is 0) brought to all of
+    ``cands``; a row's candidate changes only for a strictly nearer one. Returns ``(mind, label)``
+    (the CPU kernels update the given arrays in place and prune candidates by the triangle
+    inequality; other backends compute the new candidates' distances and take the nearer)."""
+    impl = _dispatch.kernels_for("kmeans", blk, clusters=int(cands.shape[0]) - int(seen))
+    if hasattr(impl, "nearest_update"):
+        return impl.nearest_update(blk, cands, seen, mind, label)
+    new_label, new_mind = impl.assign(blk, cands[seen:, :])
+    if mind is None:
+        return new_mind, new_label
+    xp = array_namespace(new_mind)
+    nearer = new_mind < mind
+    return xp.where(nearer, new_mind, mind), xp.where(nearer, new_label + seen, label)
 
 
 def labels_block(blk: Any, centers: Any) -> Any:

@@ -3,8 +3,10 @@
 * :func:`lloyd_partial`: nearest center, (weighted) per-cluster sums and counts, inertia and the rows
   farthest from their centers (:func:`_lloyd_stats`).
 * :func:`assign`: labels and the exact squared distance to the nearest center (:func:`_assign_rows`).
+* :func:`nearest_update`: k-means||'s nearest candidate of each row brought to a new group of
+  candidates (:func:`_nearer_rows`).
 
-Both share the tiled distance loop of :mod:`gdask.ml.kernels._cpu_common`. Weights are optional
+They share the tiled distance loop of :mod:`gdask.ml.kernels._cpu_common`. Weights are optional
 arguments: numba compiles the unweighted kernel for ``w=None`` (the weight branches are pruned).
 """
 
@@ -29,7 +31,8 @@ from gdask.ml.kernels._cpu_common import (
     tile_distances,
 )
 
-__all__ = ["assign", "lloyd_partial"]
+__all__ = ["assign", "lloyd_partial", "nearest_update"]
+
 
 
 @njit(nogil=True, fastmath=FASTMATH, cache=True)
@@ -99,6 +102,57 @@ def _assign_rows(xt, centers, labels, rowd):  # pragma: no cover - compiled
             li = lab[i]
             labels[i0 + i] = li
             rowd[i0 + i] = exact_sqdist(xt, i0 + i, centers[li])
+
+
+@njit(nogil=True, fastmath=FASTMATH, cache=True)
+def _nearer_rows(xt, norms, cands, seen, mind, label):  # pragma: no cover - compiled
+    """k-means||'s nearest candidate brought to the candidates from ``seen`` on, in place: each row's
+    nearest new one by the tiled expanded distances (ties: the first), its exact distance, and the
+    row takes it when strictly nearer than its current one (``mind`` / ``label``), as
+    :func:`_assign_rows` then a comparison would. A row whose nearest new candidate, by its expanded
+    distance less that form's rounding error, is already farther than its current one skips the
+    exact distance (late in the init most rows keep their candidate)."""
+    d, n = xt.shape
+    new = cands[seen:]
+    k = new.shape[0]
+    c2, cn, cmax = prepare_centers(new, xt.dtype)
+    # the expanded form's error, and the exact distance's own (block-dtype differences: ~2 eps of it,
+    # at most 2 (|x|^2 + |c|^2)), are within twice the expanded one
+    emarg = 2.0 * expanded_error(xt)
+    cmax2 = cmax * cmax
+    dist = np.empty((k, TILE), xt.dtype)
+    lab = np.empty(TILE, np.int32)
+    m1 = np.empty(TILE, xt.dtype)
+    low = np.empty(TILE, np.float64)
+    for i0 in range(0, n, TILE):
+        m = min(TILE, n - i0)
+        tile_distances(xt, i0, m, c2, cn, dist)
+        tile_argmin(dist, m, m1, lab)
+        for i in range(m):  # the least the nearest new candidate's exact distance can be (vectorised)
+            xn = norms[i0 + i]
+            low[i] = xn + m1[i] - emarg * (xn + cmax2)
+        for i in range(m):
+            r = i0 + i
+            if low[i] <= mind[r]:
+                t = lab[i]
+                ex = exact_sqdist(xt, r, new[t])
+                if ex < mind[r]:
+                    mind[r] = ex
+                    label[r] = seen + t
+
+
+def nearest_update(blk: np.ndarray, cands: np.ndarray, seen: int, mind: np.ndarray | None,
+                   label: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's nearest candidate among ``cands[:seen]`` (``label``, int32, and its exact squared
+    distance ``mind``, float64; ``None`` when ``seen`` is 0) brought to all of ``cands``
+    (:func:`_nearer_rows`: the same bits as :func:`assign` on the new candidates followed by taking
+    the strictly nearer, without the temporaries). Updates ``mind`` and ``label`` in place and
+    returns them."""
+    if mind is None:
+        label, mind = assign(blk, cands)
+        return mind, label
+    _nearer_rows(blk.T, row_norms(blk), np.ascontiguousarray(cands, dtype=blk.dtype), int(seen), mind, label)
+    return mind, label
 
 
 def lloyd_partial(blk: np.ndarray, centers: np.ndarray, w: np.ndarray | None = None) -> dict:
