@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from gdask.devices import array_namespace, asarray_like, astype, to_numpy
 
@@ -44,20 +45,58 @@ class BlockBounds:
 def center_geometry(centers: np.ndarray, old: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, float, float,
                                                                     np.ndarray]:
     """Drift per center, half the distance to the nearest other center, the largest drift (its
-    center and value), the second largest, and the center-to-center distances (host float64)."""
-    drift = np.sqrt(((centers - old) ** 2).sum(1))
-    k = centers.shape[0]
-    cc = np.sqrt(np.maximum(((centers[:, None, :] - centers[None, :, :]) ** 2).sum(-1), 0.0))
-    if k > 1:
-        off = cc + np.diag(np.full(k, np.inf))
-        half = 0.5 * off.min(1)
-        m1 = int(np.argmax(drift))
-        d1 = float(drift[m1])
-        d2 = float(np.max(np.delete(drift, m1)))
-    else:
-        half = np.full(1, np.inf)
-        m1, d1, d2 = 0, float(drift[0]), 0.0
-    return drift, half, m1, d1, d2, cc
+    center and value), the second largest, and the center-to-center distances (host float64).
+
+    One compiled loop (:func:`_geometry`): a bounds step asks for it once per block, and as a dozen
+    small NumPy operations it took 37 us a call in a quiet process and ~150 us on a worker whose
+    rank loop streams blocks through the caches (a tenth of a step's time on uniform rows)."""
+    c = np.ascontiguousarray(centers, dtype=np.float64)
+    o = np.ascontiguousarray(old, dtype=np.float64)
+    k = c.shape[0]
+    drift = np.empty(k)
+    half = np.empty(k)
+    cc = np.empty((k, k))
+    m1, d1, d2 = _geometry(c, o, drift, half, cc)
+    return drift, half, int(m1), float(d1), float(d2), cc
+
+
+@njit(nogil=True, cache=True)
+def _geometry(c, o, drift, half, cc):  # pragma: no cover - compiled
+    """Fill ``drift`` (each center's move from ``o``), ``cc`` (center-to-center distances) and ``half``
+    (half the distance to the nearest other center; infinite for one center); returns the largest
+    drift's center (the first of equals), its value and the largest other drift (0 for one center).
+    Squares summed feature by feature in float64."""
+    k, d = c.shape
+    for a in range(k):
+        s = 0.0
+        for j in range(d):
+            v = c[a, j] - o[a, j]
+            s += v * v
+        drift[a] = np.sqrt(s)
+    for a in range(k):
+        cc[a, a] = 0.0
+        for b in range(a + 1, k):
+            s = 0.0
+            for j in range(d):
+                v = c[a, j] - c[b, j]
+                s += v * v
+            cc[a, b] = np.sqrt(s)
+            cc[b, a] = cc[a, b]
+    for a in range(k):
+        m = np.inf
+        for b in range(k):
+            if b != a and cc[a, b] < m:
+                m = cc[a, b]
+        half[a] = 0.5 * m
+    m1 = 0
+    for a in range(1, k):
+        if drift[a] > drift[m1]:
+            m1 = a
+    d2 = 0.0
+    for a in range(k):
+        if a != m1 and drift[a] > d2:
+            d2 = drift[a]
+    return m1, drift[m1], d2
 
 
 def device_of(x: Any) -> Any:
