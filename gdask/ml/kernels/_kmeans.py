@@ -53,8 +53,9 @@ def nearest_update(blk: Any, cands: Any, seen: int, mind: Any = None, label: Any
     """k-means||'s nearest candidate of each row: ``label`` (int32) and ``mind`` (its squared
     distance, float64) over ``cands[:seen]`` (``None`` when ``seen`` is 0) brought to all of
     ``cands``; a row's candidate changes only for a strictly nearer one. Returns ``(mind, label)``
-    (the CPU kernels update the given arrays in place and prune candidates by the triangle
-    inequality; other backends compute the new candidates' distances and take the nearer)."""
+    (the CPU kernel updates the given arrays in place, and skips the exact distance of rows whose
+    nearest new candidate cannot be nearer; other backends assign the new candidates and take the
+    nearer)."""
     impl = _dispatch.kernels_for("kmeans", blk, clusters=int(cands.shape[0]) - int(seen))
     if hasattr(impl, "nearest_update"):
         return impl.nearest_update(blk, cands, seen, mind, label)

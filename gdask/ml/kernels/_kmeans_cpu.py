@@ -34,7 +34,6 @@ from gdask.ml.kernels._cpu_common import (
 __all__ = ["assign", "lloyd_partial", "nearest_update"]
 
 
-
 @njit(nogil=True, fastmath=FASTMATH, cache=True)
 def _lloyd_stats(xt, w, centers, norms, sums, counts, topv, topi, topl):  # pragma: no cover - compiled
     """Set ``sums`` (zeros on entry) and add to ``counts`` the block's rows per nearest center; returns the inertia
