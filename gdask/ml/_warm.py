@@ -84,6 +84,7 @@ def _calls(x: Any, host: np.ndarray) -> list[Callable[[], Any]]:
         from gdask.gdataset import moments
 
         calls.append(lambda: moments(x, 0))
+
     def init_round() -> None:  # k-means||: the first candidates, then a round of new ones
         mind, label = kernels.nearest_update(x, c, 0)
         kernels.nearest_update(x, np.concatenate([c, c2.astype(c.dtype)]), _K, mind, label)

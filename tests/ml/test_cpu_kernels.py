@@ -9,6 +9,7 @@ import copy
 import numpy as np
 import pytest
 
+from gdask.ml import kernels
 from gdask.ml.kernels import _hamerly_cpu, _kmeans_cpu, _logistic_cpu
 
 
@@ -100,7 +101,7 @@ def test_nearest_update_is_assign_then_the_strictly_nearer(dtype):
         else:
             nearer = n_mind < ref_mind
             ref_mind, ref_label = np.where(nearer, n_mind, ref_mind), np.where(nearer, n_label + seen, ref_label)
-        mind, label = _kmeans_cpu.nearest_update(blk, cands[:seen + len(g)].astype(np.float64), seen, mind, label)
+        mind, label = kernels.nearest_update(blk, cands[:seen + len(g)].astype(np.float64), seen, mind, label)
         seen += len(g)
         np.testing.assert_array_equal(mind, ref_mind)
         np.testing.assert_array_equal(label, ref_label)

@@ -57,10 +57,10 @@ def nearest_update(blk: Any, cands: Any, seen: int, mind: Any = None, label: Any
     nearest new candidate cannot be nearer; other backends assign the new candidates and take the
     nearer)."""
     impl = _dispatch.kernels_for("kmeans", blk, clusters=int(cands.shape[0]) - int(seen))
-    if hasattr(impl, "nearest_update"):
+    if mind is not None and hasattr(impl, "nearest_update"):
         return impl.nearest_update(blk, cands, seen, mind, label)
     new_label, new_mind = impl.assign(blk, cands[seen:, :])
-    if mind is None:
+    if mind is None:  # the first candidates: the rows' nearest among them
         return new_mind, new_label
     xp = array_namespace(new_mind)
     nearer = new_mind < mind

@@ -140,16 +140,13 @@ def _nearer_rows(xt, norms, cands, seen, mind, label):  # pragma: no cover - com
                     label[r] = seen + t
 
 
-def nearest_update(blk: np.ndarray, cands: np.ndarray, seen: int, mind: np.ndarray | None,
-                   label: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def nearest_update(blk: np.ndarray, cands: np.ndarray, seen: int, mind: np.ndarray,
+                   label: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each row's nearest candidate among ``cands[:seen]`` (``label``, int32, and its exact squared
-    distance ``mind``, float64; ``None`` when ``seen`` is 0) brought to all of ``cands``
-    (:func:`_nearer_rows`: the same bits as :func:`assign` on the new candidates followed by taking
-    the strictly nearer, without the temporaries). Updates ``mind`` and ``label`` in place and
-    returns them."""
-    if mind is None:
-        label, mind = assign(blk, cands)
-        return mind, label
+    distance ``mind``, float64) brought to all of ``cands`` (:func:`_nearer_rows`: the same bits as
+    :func:`assign` on the new candidates followed by taking the strictly nearer, without the
+    temporaries). Updates ``mind`` and ``label`` in place and returns them; the first candidates
+    are the op's :func:`assign` (:func:`gdask.ml.kernels.nearest_update`)."""
     _nearer_rows(blk.T, row_norms(blk), np.ascontiguousarray(cands, dtype=blk.dtype), int(seen), mind, label)
     return mind, label
 
