@@ -255,6 +255,8 @@ class Entries:
         ``protect`` or of another job within its request; with ``free_now`` none a running task
         holds (evicting it would free nothing now)."""
         keep = self.quota.protected(job)
+        if not keep and not free_now:  # the common case, in one pass at C speed
+            return {k: n for k, n in self.resident.items() if k not in protect}
         out = {}
         for k, n in self.resident.items():
             if k in protect:

@@ -144,16 +144,11 @@ class ScanOrder:
         pred, pred_pos, _, next_pos = self._plan()
         cursor = len(self._current)
         rest = len(pred) - cursor
-        seen = self._seen
-        inf = math.inf
-        out = []
-        for key in keys:
-            if key in seen:
-                out.append(rest + next_pos.get(key, inf))
-            else:
-                p = pred_pos.get(key)
-                out.append(inf if p is None else float(p - cursor if p > cursor else 0))
-        return out
+        seen, in_next, in_pred, inf = self._seen, next_pos.get, pred_pos.get, math.inf
+        # read this pass: its place in the next one; not yet: its distance ahead (0: overdue)
+        return [rest + in_next(key, inf) if key in seen
+                else inf if (p := in_pred(key)) is None else float(p - cursor if p > cursor else 0)
+                for key in keys]
 
     def upcoming(self, n: int) -> list[Key]:
         """The next ``n`` predicted reads (amortised O(n))."""
@@ -257,30 +252,29 @@ class FurthestInFuture:
         keys = list(resident)
         uses = self.order.next_uses(keys)
         cost = self.cost
-        # furthest next use first, then the cheapest to bring back, then the first stored
-        cand = [(u, -i) for i, u in enumerate(uses) if before is None or u > before]
+        # candidates' next uses; -inf marks a block that does not qualify or was taken
+        left = uses if before is None else [u if u > before else -math.inf for u in uses]
         out, got = [], 0
-
-        def take(i: int) -> None:
-            nonlocal got
-            k = keys[i]
-            out.append(k)
-            got += resident[k]
-
         for _ in range(8):  # usually one or two victims: the furthest, without sorting them all
-            if not cand or got >= need:
+            if got >= need:
                 return out
-            top = max(cand)
-            ties = [c for c in cand if c[0] == top[0]]
-            if len(ties) > 1:  # the cost only breaks ties: asked for the tied blocks only
-                top = max(ties, key=lambda c: (-cost(keys[-c[1]], resident[keys[-c[1]]]), c[1]))
-            cand.remove(top)
-            take(-top[1])
-        rest = sorted(((u, -cost(keys[-m], resident[keys[-m]]), m) for u, m in cand), reverse=True)
-        for _, _, m in rest:
+            top = max(left)
+            if top == -math.inf:
+                return out
+            i = left.index(top)  # the first stored among equally far ones...
+            if left.count(top) > 1:  # ...unless their costs differ: the cheapest to bring back
+                i = min((j for j, u in enumerate(left) if u == top),
+                        key=lambda j: (cost(keys[j], resident[keys[j]]), j))
+            left[i] = -math.inf
+            out.append(keys[i])
+            got += resident[keys[i]]
+        rest = sorted((j for j, u in enumerate(left) if u != -math.inf),
+                      key=lambda j: (-left[j], cost(keys[j], resident[keys[j]]), j))
+        for j in rest:
             if got >= need:
                 break
-            take(-m)
+            out.append(keys[j])
+            got += resident[keys[j]]
         return out
 
     def prefetch(self, is_on_device: Callable[[Key], bool]) -> list[tuple[Key, float]]:
