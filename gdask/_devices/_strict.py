@@ -103,7 +103,7 @@ class StrictPool(EmulatedPool):
         have no layout in the standard; underneath, their NumPy data takes ``order`` as the emulated
         device's does, so both backends round reductions alike (the same bits)."""
         dt = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        nbytes = math.prod(shape) * dt.itemsize  # as the emulated pool counts it
         self._charge(nbytes)  # raise before allocating
         try:
             arr = self.xp.asarray(np.zeros(tuple(shape), dtype=dt, order=order), device=self.device)
