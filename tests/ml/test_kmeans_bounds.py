@@ -302,3 +302,31 @@ def test_a_step_on_stale_bounds_that_gives_up_keeps_stepping():
     assert step(0.1, 4, 4) is kernels.bounds_partial  # a step on the stale bounds: every block rebuilt them
     assert st.chunk("tok")[0] is kernels.bounds_partial  # fresh now: the next pass steps on them
     assert step(0.05, 4, 1) is kernels.bounds_partial and st.chunk("tok")[0] is kernels.bounds_partial
+
+
+def test_a_pass_asked_again_gets_the_same_answer_and_leaves_the_state_alone():
+    # a loop resumed after a failure repeats its last pass on blocks that had already done it: the
+    # block answers from memory, and the passes after it are those of a loop that never repeated
+    X, init = _overlapping(n=4000)
+    blk = np.asfortranarray(X)
+    cs = [init.astype(np.float64)]
+    for _ in range(3):  # centers along a Lloyd trajectory
+        p = kernels.lloyd_partial(blk, cs[-1])
+        cs.append(p["sums"] / np.maximum(p["counts"], 1)[:, None])
+
+    def passes(tok, order):
+        try:
+            return [kernels.bounds_partial(blk, cs[i], tok, history=[]) for i in order]
+        finally:
+            _drop(tok)
+
+    plain = passes("memo-plain", [0, 1, 2, 3])
+    repeated = passes("memo-repeated", [0, 1, 2, 2, 1, 3])
+    assert plain[2]["changed"] > 0  # a step that moved rows (a step on the same centers moves none)
+    for got, want in zip(repeated, [plain[0], plain[1], plain[2], plain[2], plain[1], plain[3]]):
+        assert got.keys() == want.keys()
+        for key, value in want.items():
+            if isinstance(value, np.ndarray):
+                np.testing.assert_array_equal(got[key], value)
+            elif key != "inertia":  # NaN after a bounds pass
+                assert got[key] == value, key

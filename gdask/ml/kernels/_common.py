@@ -39,7 +39,7 @@ class BlockBounds:
     memo: Any = None  # the last passes' (centers, partial): a pass asked again gets the same answer
     buffer: Any = None  # the allocation behind labels and bounds (CPU): a full pass that rebuilds them reuses it
     moved: Any = None  # (CPU) per center, the drifts summed since the full pass (du, dl): bounds kept against them
-    scratch: Any = None  # (CPU) the step's gather buffers, kept from step to step (see _hamerly_cpu.step)
+    scratch: Any = None  # (CPU) the step's gather buffers and the block's row norms, kept from step to step
 
 
 def center_geometry(centers: np.ndarray, old: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, float, float,

@@ -44,6 +44,9 @@ FULL_PASS_FRACTION = 0.2
 #: what a bounds pass returns for a block without state when the caller gave no history
 MISSING = {"missing": True}
 
+#: the default of ``_update``'s state argument: look the block's state up
+_LOOK_UP = object()
+
 
 #: passes a block remembers: a loop that resumes after a failure may repeat the last one or two
 MEMO = 3
@@ -77,24 +80,28 @@ def _charge(st: BlockBounds) -> None:
         dev.adopt(arr)
 
 
-def _update(blk: Any, centers: Any, token: str, w: Any,
-            history: Sequence[np.ndarray] | None) -> tuple[BlockBounds | None, int]:
+def _update(blk: Any, centers: Any, token: str, w: Any, history: Sequence[np.ndarray] | None,
+            st: Any = _LOOK_UP) -> tuple[BlockBounds | None, int]:
     """Bring the block's state to ``centers``: a full first pass, or one bounds step (a block
     without state first replays ``history``). ``None`` when the device has no memory left for the
-    state (the caller then runs plain Lloyd)."""
+    state (the caller then runs plain Lloyd). ``st``: the block's state as the caller found it
+    (default: looked up here)."""
     try:
-        if history and _get(token, blk) is None:  # lost: rebuild it exactly as it was built
+        if st is _LOOK_UP:
+            st = _get(token, blk)
+        if history and st is None:  # lost: rebuild it exactly as it was built
             for c in history:
-                _update_state(blk, c, token, w)
-        return _update_state(blk, centers, token, w)
+                st, _ = _update_state(blk, c, token, w, st)
+        return _update_state(blk, centers, token, w, st)
     except MemoryError:
         _pop(token, blk)
         return None, blk.shape[0]
 
 
-def _update_state(blk: Any, centers: Any, token: str, w: Any) -> tuple[BlockBounds, int]:
+def _update_state(blk: Any, centers: Any, token: str, w: Any, st: BlockBounds | None) -> tuple[BlockBounds, int]:
+    """:func:`_update` from the block's state ``st`` (None: none yet)."""
     cf = np.asarray(to_numpy(centers), dtype=np.float64)
-    st = _get(token, blk)
+    kept = st
     full = st is None or st.labels.shape[0] != blk.shape[0] or tuple(st.centers.shape) != cf.shape
     changed = 0
     backend = _dispatch.backend_for(blk, clusters=cf.shape[0])
@@ -120,7 +127,8 @@ def _update_state(blk: Any, centers: Any, token: str, w: Any) -> tuple[BlockBoun
         _charge(st)
         changed = blk.shape[0] if old is None or tuple(old.shape) != tuple(st.labels.shape) else \
             int(np.count_nonzero(to_numpy(old) != to_numpy(st.labels)))
-    _put(token, blk, st)
+    if st is not kept:  # a step changes the state in place: it is in the space already
+        _put(token, blk, st)
     return st, changed
 
 
@@ -142,10 +150,11 @@ def bounds_partial(blk: Any, centers: Any, token: str, w: Any = None,
     if st is None and history is None:
         return dict(MISSING)
     cf = np.asarray(to_numpy(centers), dtype=np.float64)
+    key = cf.tobytes()  # the centers' bits (memcmp, not an array comparison per remembered pass)
     for c, out in (st.memo or ()) if st is not None else ():
-        if np.array_equal(c, cf):  # the same pass again (a resumed loop): the same answer, state untouched
+        if c == key:  # the same pass again (a resumed loop): the same answer, state untouched
             return {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in out.items()}
-    st, changed = _update(blk, centers, token, w, history)
+    st, changed = _update(blk, cf, token, w, history, st)
     if st is None:
         return lloyd_partial(blk, centers, w)
     if st.far is None:
@@ -157,8 +166,8 @@ def bounds_partial(blk: Any, centers: Any, token: str, w: Any = None,
            "far_d": dist, "far_label": lab,
            "far_rows": to_numpy(take_rows(blk, idx)),
            "far_w": np.ones(idx.size) if w is None else to_numpy(take_rows(w, idx)).astype(np.float64)}
-    st.memo = [*(st.memo or ())[-(MEMO - 1):], (cf, {k: (v.copy() if isinstance(v, np.ndarray) else v)
-                                                     for k, v in out.items()})]
+    st.memo = [*(st.memo or ())[-(MEMO - 1):], (key, {k: (v.copy() if isinstance(v, np.ndarray) else v)
+                                                      for k, v in out.items()})]
     return out
 
 
