@@ -36,7 +36,7 @@ class BlockBounds:
     counts: Any  # (k,) float64
     far: Any = None  # after a full pass: (squared distances, rows, labels) of the farthest rows
     sxx: float = float("nan")  # sum_i w_i |x_i|^2 in float64, from the full pass (for the inertia at the end)
-    memo: Any = None  # the last passes' (centers, partial): a pass asked again gets the same answer
+    memo: Any = None  # the last passes' (centers' bytes, partial): a pass asked again gets the same answer
     buffer: Any = None  # the allocation behind labels and bounds (CPU): a full pass that rebuilds them reuses it
     moved: Any = None  # (CPU) per center, the drifts summed since the full pass (du, dl): bounds kept against them
     scratch: Any = None  # (CPU) the step's gather buffers and the block's row norms, kept from step to step
