@@ -44,9 +44,6 @@ FULL_PASS_FRACTION = 0.2
 #: what a bounds pass returns for a block without state when the caller gave no history
 MISSING = {"missing": True}
 
-#: the default of ``_update``'s state argument: look the block's state up
-_LOOK_UP = object()
-
 
 #: passes a block remembers: a loop that resumes after a failure may repeat the last one or two
 MEMO = 3
@@ -81,14 +78,11 @@ def _charge(st: BlockBounds) -> None:
 
 
 def _update(blk: Any, centers: Any, token: str, w: Any, history: Sequence[np.ndarray] | None,
-            st: Any = _LOOK_UP) -> tuple[BlockBounds | None, int]:
-    """Bring the block's state to ``centers``: a full first pass, or one bounds step (a block
-    without state first replays ``history``). ``None`` when the device has no memory left for the
-    state (the caller then runs plain Lloyd). ``st``: the block's state as the caller found it
-    (default: looked up here)."""
+            st: BlockBounds | None) -> tuple[BlockBounds | None, int]:
+    """Bring the block's state ``st`` (:func:`_get`; None: none yet) to ``centers``: a full first
+    pass, or one bounds step (a block without state first replays ``history``). ``None`` when the
+    device has no memory left for the state (the caller then runs plain Lloyd)."""
     try:
-        if st is _LOOK_UP:
-            st = _get(token, blk)
         if history and st is None:  # lost: rebuild it exactly as it was built
             for c in history:
                 st, _ = _update_state(blk, c, token, w, st)
@@ -101,7 +95,6 @@ def _update(blk: Any, centers: Any, token: str, w: Any, history: Sequence[np.nda
 def _update_state(blk: Any, centers: Any, token: str, w: Any, st: BlockBounds | None) -> tuple[BlockBounds, int]:
     """:func:`_update` from the block's state ``st`` (None: none yet)."""
     cf = np.asarray(to_numpy(centers), dtype=np.float64)
-    kept = st
     full = st is None or st.labels.shape[0] != blk.shape[0] or tuple(st.centers.shape) != cf.shape
     changed = 0
     backend = _dispatch.backend_for(blk, clusters=cf.shape[0])
@@ -127,8 +120,7 @@ def _update_state(blk: Any, centers: Any, token: str, w: Any, st: BlockBounds | 
         _charge(st)
         changed = blk.shape[0] if old is None or tuple(old.shape) != tuple(st.labels.shape) else \
             int(np.count_nonzero(to_numpy(old) != to_numpy(st.labels)))
-    if st is not kept:  # a step changes the state in place: it is in the space already
-        _put(token, blk, st)
+        _put(token, blk, st)  # a new state (a step changes the one in the space in place)
     return st, changed
 
 
@@ -202,7 +194,7 @@ def bounds_labels(blk: Any, centers: Any, token: str, w: Any = None,
     ``dtype``: the labels as a new array of that type, and the state's memory goes to the next
     fit's blocks (a backend that keeps spare buffers); ``False``: no labels (None), the same.
     Default: the state's own int32 labels."""
-    st, _ = _update(blk, centers, token, w, history)
+    st, _ = _update(blk, centers, token, w, history, _get(token, blk))
     _pop(token, blk)
     if st is None:
         labels, mind = assign(blk, centers)
