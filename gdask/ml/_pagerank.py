@@ -493,17 +493,24 @@ def _pagerank_workers(A: Any, *, damping: float, tol: float, max_iter: int, nblo
     if nblocks is None:
         nblocks = _worker_blocks(A, client)
     # the blocks in node order are built beside the choice of the order (the kernels release the GIL),
-    # kept unless the nodes are renumbered; not when a second copy of the graph would crowd the memory
+    # kept unless the nodes are renumbered (that build is then stopped: it would hold a core, and this
+    # call, 0.07 s on 3M edges); not when a second copy of the graph would crowd the memory
     spare = _prepared_bytes(A) < psutil.virtual_memory().available / 4
     pos = None
+    stop = np.zeros(1, np.uint8)
     with ThreadPoolExecutor(1, thread_name_prefix="gdask-pagerank") as pool:
-        in_node_order = pool.submit(prepare, A, None, nblocks) if spare else None
-        order, perm, share = _sweep_order(A, DANGLING_NATURAL if nblocks == 1 else None)
+        in_node_order = pool.submit(prepare, A, None, nblocks, stop) if spare else None
+        try:
+            order, perm, share = _sweep_order(A, DANGLING_NATURAL if nblocks == 1 else None)
+        except BaseException:
+            stop[0] = 1  # the pool's exit waits for the build: end it
+            raise
         if share < ORDERLESS:  # no order that the rank follows: the sweeps as power iterations do
             order, perm = "ascending", None
         if perm is None:
             P = in_node_order.result() if in_node_order is not None else prepare(A, None, nblocks)
         else:
+            stop[0] = 1
             pos = np.empty_like(perm)
             pos[perm] = np.arange(len(perm))
             P = prepare(A, pos, nblocks)

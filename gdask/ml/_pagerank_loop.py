@@ -72,9 +72,10 @@ class Prepared:
         return b, lo, ptr, self.indices[a:z], vals
 
 
-def prepare(A: Any, pos: np.ndarray | None, nblocks: int) -> Prepared:
+def prepare(A: Any, pos: np.ndarray | None, nblocks: int, stop: np.ndarray | None = None) -> Prepared | None:
     """``A`` (checked CSR, float64) as :class:`Prepared`, renumbered by ``pos`` (new index of each
-    node, or None) and split into ``nblocks`` row blocks of about equal edges."""
+    node, or None) and split into ``nblocks`` row blocks of about equal edges. ``stop``: a one-item
+    array another thread sets to end a prepare nobody will use (None is returned then)."""
     n = A.shape[0]
     lo_w = float(A.data.min()) if A.nnz else 1.0
     uniform = A.nnz == 0 or (lo_w > 0 and lo_w == float(A.data.max()))
@@ -84,7 +85,9 @@ def prepare(A: Any, pos: np.ndarray | None, nblocks: int) -> Prepared:
     mptr = np.empty(n + 1, np.int64)
     midx = np.empty(A.nnz, np.uint32 if n < 2 ** 32 else np.uint64)
     mval = np.empty(0 if uniform else A.nnz, np.float64)
-    transpose_renumber(indptr, unsigned(A.indices), A.data, p, mptr, midx, mval)
+    if not transpose_renumber(indptr, unsigned(A.indices), A.data, p, mptr, midx, mval,
+                              np.zeros(1, np.uint8) if stop is None else stop):
+        return None
     out = np.diff(indptr).astype(np.int32) if uniform else np.asarray(A.sum(axis=1)).ravel()
     if pos is not None:
         moved = np.empty_like(out)

@@ -3,10 +3,10 @@
 The kernels are ``cache=True``: the first process that compiles them writes numba's on-disk cache,
 and every later process loads them from it (milliseconds instead of seconds). :func:`warm_kernels`
 calls each hot kernel once on tiny blocks, in float32 and float64 (K-means' Lloyd pass, labels and
-bounds passes; the logistic loss and gradient, binomial and multinomial), which compiles it or loads
-it from the cache. It calls the kernels directly: no estimator, no Dask scheduler, no device, no
-config or warnings filter is touched, so it prints nothing and changes nothing that the process's
-other threads (a worker's tasks) see.
+bounds passes; the logistic loss and gradient, binomial and multinomial; PageRank's sweep order,
+transpose and sweeps on a tiny graph), which compiles it or loads it from the cache. It calls the
+kernels directly: no estimator, no Dask scheduler, no device, no config or warnings filter is touched,
+so it prints nothing and changes nothing that the process's other threads (a worker's tasks) see.
 
 :class:`WarmKernels` does it in a background thread when a device worker starts (installed through
 config ``gdask.plugins.worker``, entry ``gdask.ml:warm_kernels_plugin``; config
@@ -92,6 +92,43 @@ def _calls(x: Any, host: np.ndarray) -> list[Callable[[], Any]]:
     return [lambda: km.assign(x, c), init_round, *calls]
 
 
+class _OneRank:
+    """The communicator of a PageRank loop with one rank (every block in this process)."""
+
+    rank, size = 0, 1
+
+    def allgather(self, value: Any) -> list[Any]:
+        return [value]
+
+
+def _pagerank_calls() -> list[Callable[[], Any]]:
+    """PageRank's kernels (:func:`gdask.ml.pagerank` on the workers), each case numba compiles: the
+    sweep order's (on the client), the transpose and the sweeps with weights all 1 and not, in one
+    block and in two, renumbered or not."""
+    import scipy.sparse as sp
+
+    from gdask.ml._pagerank import _sweep_order
+    from gdask.ml._pagerank_loop import _rank_sweeps, prepare
+    from gdask.ml.kernels._pagerank_cpu import sort_by_key
+
+    rng = np.random.default_rng(0)
+    n, m = 64, 256
+    src, dst = rng.integers(0, n - 8, m), rng.integers(0, n, m)  # the last 8 nodes dangling
+    graphs = [sp.csr_matrix((w, (src, dst)), shape=(n, n)) for w in (np.ones(m), rng.uniform(0.5, 2.0, m))]
+    pos = rng.permutation(n)
+
+    def sweeps(A: Any, renumber: bool, nblocks: int) -> None:
+        P = prepare(A, pos if renumber else None, nblocks)
+        _rank_sweeps(_OneRank(), [P.block(b) for b in range(P.nblocks)], P.out, P.bounds, 0.85, 1e-3, 3,
+                     renumber, spread=nblocks == 1)
+
+    calls: list[Callable[[], Any]] = [lambda: _sweep_order(graphs[1]),
+                                      lambda: sort_by_key(np.arange(n, dtype=np.uint32), True)]
+    for A in graphs:
+        calls += [lambda A=A: sweeps(A, False, 1), lambda A=A: sweeps(A, True, 2)]
+    return calls
+
+
 def _blocks(dtypes: tuple[str, ...], backend: str) -> list[tuple[Any, np.ndarray]]:
     """Tiny feature-major blocks of each dtype, with their host copies: NumPy ("emulated"), CuPy
     ("cuda"; none when the numba.cuda kernels cannot run in this process)."""
@@ -126,7 +163,8 @@ def warm_kernels(dtypes: tuple[str, ...] = ("float32", "float64"), backend: str 
     from gdask.ml import kernels
 
     t0 = time.perf_counter()
-    calls = [f for x, host in _blocks(dtypes, backend) for f in _calls(x, host)]
+    calls = [] if backend == "cuda" else _pagerank_calls()  # first: the last call is _loads_from_cache's
+    calls += [f for x, host in _blocks(dtypes, backend) for f in _calls(x, host)]
     state = context().state  # this thread runs no task: the process's own context
     had_norms = kernels.NORMS_SPACE in state
     try:

@@ -214,11 +214,25 @@ def test_transpose_renumber_matches_scipy():
     pos = np.random.default_rng(3).permutation(500)
     for p in (np.empty(0, np.int64), pos):
         ptr, idx, val = np.empty(501, np.int64), np.empty(A.nnz, np.int32), np.empty(A.nnz)
-        transpose_renumber(A.indptr.astype(np.int64), A.indices, A.data, p, ptr, idx, val)
+        assert transpose_renumber(A.indptr.astype(np.int64), A.indices, A.data, p, ptr, idx, val, np.zeros(1, np.uint8))
         coo = A.tocoo()
         want = A if p.size == 0 else sp.csr_matrix((coo.data, (pos[coo.row], pos[coo.col])), shape=A.shape)
         got = sp.csr_matrix((val, idx, ptr), shape=A.shape)
         assert (got != want.T.tocsr()).nnz == 0
+
+
+def test_a_stopped_transpose_ends_early_and_prepare_returns_none():
+    # the node-order build beside the sweep order is stopped when the order renumbers the nodes
+    A = gdask.ml.powerlaw_graph(3000, avg_degree=4, seed=5)
+    stop = np.ones(1, np.uint8)
+    ptr, idx, val = np.empty(3001, np.int64), np.empty(A.nnz, np.uint32), np.empty(0)
+    assert not transpose_renumber(A.indptr.astype(np.int64), unsigned(A.indices), A.data, np.empty(0, np.uint32),
+                                  ptr, idx, val, stop)
+    assert prepare(A, None, 1, stop) is None
+    stop[0] = 0
+    P = prepare(A, None, 1, stop)
+    assert P is not None and (sp.csr_matrix((np.ones(A.nnz), P.indices, P.indptr), shape=A.shape)
+                              != A.T.tocsr()).nnz == 0
 
 
 def test_loop_errors(client):

@@ -120,10 +120,12 @@ def order_share_keys(indptr, indices, data, inv, keys, descending_ties, sample_b
 
 
 @njit(nogil=True, cache=True)
-def transpose_renumber(indptr, indices, data, pos, out_ptr, out_idx, out_val):  # pragma: no cover - compiled
+def transpose_renumber(indptr, indices, data, pos, out_ptr, out_idx, out_val, stop):  # pragma: no cover - compiled
     """``M = (P A P^T).T`` as CSR into ``out_ptr`` (n + 1), ``out_idx`` and ``out_val`` (nnz, or
     length 0: no weights written), where ``P`` moves node ``s`` to ``pos[s]`` (``pos`` of length 0:
-    no renumbering). Within a row the sources keep their order in ``A``."""
+    no renumbering). Within a row the sources keep their order in ``A``. ``stop[0]`` set by another
+    thread (a transpose nobody will use) ends it early: returns False then (the output is partial),
+    else True."""
     n = indptr.shape[0] - 1
     nnz = indptr[n]
     renum = pos.shape[0] > 0
@@ -132,11 +134,15 @@ def transpose_renumber(indptr, indices, data, pos, out_ptr, out_idx, out_val):  
     counts[:] = 0
     one = np.uint64(1)
     for k in range(nnz):
+        if k & 0xFFFFF == 0 and stop[0]:
+            return False
         t = np.uint64(indices[k])
         counts[(np.uint64(pos[t]) if renum else t) + one] += 1
     for r in range(n):
         counts[r + 1] += counts[r]
     for s in range(n):
+        if s & 0xFFFF == 0 and stop[0]:
+            return False
         ps = np.uint64(pos[s]) if renum else np.uint64(s)
         for k in range(indptr[s], indptr[s + 1]):
             t = np.uint64(indices[k])
@@ -149,6 +155,7 @@ def transpose_renumber(indptr, indices, data, pos, out_ptr, out_idx, out_val):  
     for r in range(n, 0, -1):  # counts[r] ran to the end of row r: shift back to the starts
         counts[r] = counts[r - 1]
     counts[0] = 0
+    return True
 
 
 @njit(nogil=True, cache=True)
