@@ -278,6 +278,7 @@ class Config:
             "bytes_h2d": s["bytes_h2d"], "bytes_d2h": s["bytes_d2h"],
             "moved_per_pass": (s["bytes_h2d"] + s["bytes_d2h"]) / passes / nb,
             "stall_ms_per_iter": 1e3 * s["stall_time"] / passes, "iteration_ms": [1e3 * t for t in times],
+            "iteration_ms_runs": [[1e3 * t for t in ts] for _, ts in runs],
             "persist_s": self.t_persist, "persist_bytes_d2h": self.setup["bytes_d2h"],
             "device_memory": self.device_memory,
             "window_bytes_end": s["window_bytes"], "capacity_bytes_end": s["capacity_bytes"],
