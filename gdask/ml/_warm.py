@@ -120,7 +120,7 @@ def _pagerank_calls() -> list[Callable[[], Any]]:
     def sweeps(A: Any, renumber: bool, nblocks: int) -> None:
         P = prepare(A, pos if renumber else None, nblocks)
         _rank_sweeps(_OneRank(), [P.block(b) for b in range(P.nblocks)], P.out, P.bounds, 0.85, 1e-3, 3,
-                     renumber, spread=nblocks == 1)
+                     descending=renumber, spread=nblocks == 1)
 
     calls: list[Callable[[], Any]] = [lambda: _sweep_order(graphs[1]),
                                       lambda: sort_by_key(np.arange(n, dtype=np.uint32), True)]
