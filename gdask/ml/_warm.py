@@ -92,13 +92,21 @@ def _calls(x: Any, host: np.ndarray) -> list[Callable[[], Any]]:
     return [lambda: km.assign(x, c), init_round, *calls]
 
 
+class _OneRank:
+    """The communicator of a PageRank loop with one rank (every block in this process)."""
+
+    rank, size = 0, 1
+
+    def allgather(self, value: Any) -> list[Any]:
+        return [value]
+
+
 def _pagerank_calls() -> list[Callable[[], Any]]:
     """PageRank's kernels (:func:`gdask.ml.pagerank` on the workers), each case numba compiles: the
     sweep order's (on the client), the transpose and the sweeps with weights all 1 and not, in one
     block and in two, renumbered or not."""
     import scipy.sparse as sp
 
-    from gdask.gdataset.engine._local import SelfComm  # the only rank: every block in this process
     from gdask.ml._pagerank import _sweep_order
     from gdask.ml._pagerank_loop import _rank_sweeps, prepare
     from gdask.ml.kernels._pagerank_cpu import sort_by_key
@@ -111,7 +119,7 @@ def _pagerank_calls() -> list[Callable[[], Any]]:
 
     def sweeps(A: Any, renumber: bool, nblocks: int) -> None:
         P = prepare(A, pos if renumber else None, nblocks)
-        _rank_sweeps(SelfComm(), [P.block(b) for b in range(P.nblocks)], P.out, P.bounds, 0.85, 1e-3, 3,
+        _rank_sweeps(_OneRank(), [P.block(b) for b in range(P.nblocks)], P.out, P.bounds, 0.85, 1e-3, 3,
                      descending=renumber, spread=nblocks == 1)
 
     calls: list[Callable[[], Any]] = [lambda: _sweep_order(graphs[1]),
