@@ -488,10 +488,22 @@ def _pagerank_workers(A: Any, *, damping: float, tol: float, max_iter: int, nblo
                       return_info: bool, progress: tuple):
     """:func:`pagerank` with the sweeps on the workers (:mod:`gdask.ml._pagerank_loop`)."""
     from gdask.gdataset import Progress
-    from gdask.ml._pagerank_loop import prepare, run_sweeps
+    from gdask.ml._pagerank_loop import direct, place, prepare, run_sweeps
 
     if nblocks is None:
         nblocks = _worker_blocks(A, client)
+    if nblocks == 1 and _PUSH:
+        P = direct(A, None)
+        with ThreadPoolExecutor(1, thread_name_prefix="gdask-pagerank") as pool:
+            placed = pool.submit(place, client, P)
+            order, perm, share = _sweep_order(A, DANGLING_NATURAL)
+            if share < ORDERLESS:
+                order, perm = "ascending", None
+            if perm is not None:
+                P.order = perm.astype(P.order.dtype)
+            res = run_sweeps(client, P, damping=damping, tol=tol, max_iter=max_iter,
+                             descending=order == "descending", spread=True, placed=placed)
+        return _finish_workers(res, P, order, None, progress, return_info)
     # the blocks in node order are built beside the choice of the order (the kernels release the GIL),
     # kept unless the nodes are renumbered (that build is then stopped: it would hold a core, and this
     # call, 0.07 s on 3M edges); not when a second copy of the graph would crowd the memory
@@ -520,6 +532,15 @@ def _pagerank_workers(A: Any, *, damping: float, tol: float, max_iter: int, nblo
     spread = share < ORDERLESS or nblocks == 1
     res = run_sweeps(client, P, damping=damping, tol=tol, max_iter=max_iter, descending=order == "descending",
                      spread=spread)
+    return _finish_workers(res, P, order, pos, progress, return_info)
+
+
+_PUSH = True
+
+
+def _finish_workers(res: dict, P: Any, order: str, pos: np.ndarray | None, progress: tuple, return_info: bool):
+    from gdask.gdataset import Progress
+
     bar = Progress(progress[0], progress[1], total=progress[2], desc="pagerank")
     try:
         for record in res["history"]:  # the records of the sweeps come back with the ranks

@@ -35,13 +35,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from distributed import Future
 
 from gdask import config
 from gdask._compat import scheduler_workers
 from gdask.gdataset.collective import CollectiveError, run_on_workers
-from gdask.ml.kernels._pagerank_cpu import finish_sweep, scale_block, sweep_block, transpose_renumber, unsigned
+from gdask.ml.kernels._pagerank_cpu import (
+    finish_sweep,
+    push_init,
+    push_sweep,
+    scale_block,
+    sweep_block,
+    transpose_renumber,
+    unsigned,
+)
 
-__all__ = ["Prepared", "prepare", "run_sweeps"]
+__all__ = ["Direct", "Prepared", "direct", "place", "prepare", "run_sweeps"]
 
 logger = logging.getLogger("gdask.ml")
 
@@ -98,6 +107,77 @@ def prepare(A: Any, pos: np.ndarray | None, nblocks: int, stop: np.ndarray | Non
     bounds = np.concatenate([[0], np.minimum(cuts, n), [n]]).astype(np.int64)
     bounds = np.maximum.accumulate(bounds)
     return Prepared(n=n, indptr=mptr, indices=midx, values=mval, out=out, bounds=bounds)
+
+
+@dataclass
+class Direct:
+    """``A`` itself (row = source) for the sweeps that push (one block, no transpose): CSR arrays
+    with unsigned indices, ``values`` empty when every edge weighs the same, and the sweep order
+    (``order`` empty: node order)."""
+
+    n: int
+    indptr: np.ndarray
+    indices: np.ndarray
+    values: np.ndarray
+    order: np.ndarray
+
+    @property
+    def nblocks(self) -> int:
+        return 1
+
+
+def direct(A: Any, perm: np.ndarray | None) -> Direct:
+    """``A`` (checked CSR, float64) as :class:`Direct`, swept in the order ``perm`` (new node ``k`` is
+    node ``perm[k]``; None: node order). No copy of the graph is made but for 4-byte row pointers."""
+    n = A.shape[0]
+    lo_w = float(A.data.min()) if A.nnz else 1.0
+    uniform = A.nnz == 0 or (lo_w > 0 and lo_w == float(A.data.max()))
+    small = A.nnz < 2 ** 32
+    indptr = A.indptr.astype(np.uint32 if small else np.uint64)
+    udt = np.uint32 if n < 2 ** 32 else np.uint64
+    order = np.empty(0, udt) if perm is None else np.asarray(perm).astype(udt)
+    return Direct(n=n, indptr=indptr, indices=unsigned(A.indices), values=np.empty(0) if uniform else A.data,
+                  order=order)
+
+
+def _push_sweeps(comm: Any, graph: tuple, order: np.ndarray, damping: float, tol: float, max_iter: int,
+                 descending: bool) -> dict:
+    """(On a worker) the Gauss-Seidel sweeps of one block over ``A`` itself (:func:`push_sweep`), the
+    dangling rank spread each sweep and ``y`` scaled to a sum of 1 between sweeps, until the ranks
+    change by at most ``tol`` (L1): the sweeps of :func:`_rank_sweeps` on one block with ``spread``.
+
+    The scaling costs no pass over the nodes: the vectors keep the scale of the last sweep's values
+    (sum ``total``) and the sweep's constant term is scaled to it instead. Nor does the change of the
+    ranks ``y / total``: it is bounded by ``(sum |y - y_last| + |total - total_last|) / total`` from
+    the sweep's own sums (stricter than the change itself, by at most a factor of 2)."""
+    indptr, indices, values = graph
+    n = len(indptr) - 1
+    teleport = (1.0 - damping) / n
+    y = np.full(n, 1.0 / n)
+    inv = np.empty(n)
+    acc = np.empty(n)
+    pos = np.empty(0, np.int64)
+    if order.size:
+        pos = np.empty(n, np.int64)
+        pos[order.astype(np.int64)] = np.arange(n)
+    dangling = push_init(indptr, indices, values, pos, descending, y, inv, acc)
+    last = float(y.sum())  # y is y_true * last: the ranks scaled by the sum of the last sweep's values
+    history, converged, it = [], False, 0
+    while it < max_iter:
+        t0 = time.perf_counter()
+        # the fixed point's constant, of the ranks (sum 1: dangling / last of them dangle), at y's scale
+        base = teleport * last + damping * dangling / n
+        diff, total, dangling = push_sweep(indptr, indices, values, order, descending, inv, acc, y, damping, base)
+        it += 1
+        change = (diff + abs(total - last)) / total
+        last = total
+        history.append({"iteration": it, "seconds": time.perf_counter() - t0, "change": change,
+                        "active_blocks": int(change > 0)})
+        if change <= tol:
+            converged = True
+            break
+    y *= 1.0 / last
+    return {"y": y, "n_iter": it, "converged": converged, "history": history}
 
 
 def _rank_sweeps(comm: Any, blocks: list, out: np.ndarray, bounds: np.ndarray, damping: float, tol: float,
@@ -162,8 +242,9 @@ def _rank_sweeps(comm: Any, blocks: list, out: np.ndarray, bounds: np.ndarray, d
     return {"y": y, "n_iter": it, "converged": converged, "history": history}
 
 
-def _place(client: Any, P: Prepared) -> tuple[list[str], list[tuple]]:
-    """Send each worker its contiguous share of the blocks and the out-weights; (peers, args)."""
+def _place(client: Any, P: Prepared | Direct) -> tuple[list[str], list[tuple]]:
+    """Send each worker its contiguous share of the blocks and the out-weights (a :class:`Direct`
+    graph: the graph and the order to one worker); (peers, args)."""
     workers = sorted(scheduler_workers(client))
     if not workers:  # between a lost worker and its restart, say
         wait = float(config.get("timeouts.cluster-start", 120))
@@ -173,6 +254,9 @@ def _place(client: Any, P: Prepared) -> tuple[list[str], list[tuple]]:
             raise RuntimeError(f"pagerank found no worker on the cluster within {wait:g} s (config "
                                f"gdask.timeouts.cluster-start): start workers, or pass loop='graph'") from None
         workers = sorted(scheduler_workers(client))
+    if isinstance(P, Direct):
+        graph = client.scatter((P.indptr, P.indices, P.values), workers=[workers[0]], hash=False, direct=True)
+        return workers[:1], [(graph,)]
     ranks = min(len(workers), P.nblocks)
     peers, args = workers[:ranks], []
     for r, addr in enumerate(peers):
@@ -182,20 +266,37 @@ def _place(client: Any, P: Prepared) -> tuple[list[str], list[tuple]]:
     return peers, args
 
 
-def run_sweeps(client: Any, P: Prepared, *, damping: float, tol: float, max_iter: int, descending: bool,
-               spread: bool = False) -> dict:
+def place(client: Any, P: Prepared | Direct) -> tuple[list[str], list[tuple]]:
+    """Send the graph to the workers (a :class:`Direct` graph's order goes with the sweeps, and may
+    be set after this); (peers, args) for :func:`run_sweeps`'s ``placed``."""
+    return _place(client, P)
+
+
+def run_sweeps(client: Any, P: Prepared | Direct, *, damping: float, tol: float, max_iter: int, descending: bool,
+               spread: bool = False, placed: Any = None) -> dict:
     """The sweeps on the workers (see the module docstring): the rank-0 result dict plus
-    ``restarts``."""
+    ``restarts``. ``placed``: a :class:`concurrent.futures.Future` of :func:`place` started earlier
+    (its first attempt; it is sent again if that failed)."""
     restarts = 0
     max_restarts = int(config.get("engine.max-restarts", 3))
     while True:
         args: list = []
         try:
-            peers, args = _place(client, P)
-            res = run_on_workers(client, _rank_sweeps, peers,
-                                 [(blocks, out, P.bounds, damping, tol, max_iter, descending, spread)
-                                  for blocks, out in args],
-                                 name="pagerank-sweeps", same_results=True)
+            if placed is not None:
+                placed, attempt = None, placed
+                peers, args = attempt.result()
+            else:
+                peers, args = _place(client, P)
+            if isinstance(P, Direct):  # one block, spread: the sweeps that push
+                order = P.order if P.order.size < 2 ** 16 else client.scatter(P.order, workers=peers, hash=False,
+                                                                                 direct=True)
+                args = [(graph, order) for (graph,) in args]
+                func, rank_args = _push_sweeps, [(graph, order, damping, tol, max_iter, descending)
+                                                 for graph, order in args]
+            else:
+                func, rank_args = _rank_sweeps, [(blocks, out, P.bounds, damping, tol, max_iter, descending, spread)
+                                                 for blocks, out in args]
+            res = run_on_workers(client, func, peers, rank_args, name="pagerank-sweeps", same_results=True)
         except (CollectiveError, OSError) as e:  # OSError: a worker gone while its blocks were sent
             if restarts >= max_restarts:
                 raise
@@ -204,7 +305,7 @@ def run_sweeps(client: Any, P: Prepared, *, damping: float, tol: float, max_iter
                            e, restarts, max_restarts)
             continue
         finally:
-            client.cancel([f for blocks, out in args for f in (blocks, out)])
+            client.cancel([f for a in args for f in a if isinstance(f, Future)])
         out = res[0]
         out["restarts"] = restarts
         out["ranks"] = len(peers)
