@@ -42,6 +42,7 @@ from gdask._compat import scheduler_workers
 from gdask.gdataset.collective import CollectiveError, run_on_workers
 from gdask.ml.kernels._pagerank_cpu import (
     finish_sweep,
+    inverse_out_weights,
     push_init,
     push_sweep,
     scale_block,
@@ -140,11 +141,14 @@ def direct(A: Any, perm: np.ndarray | None) -> Direct:
                   order=order)
 
 
-def _push_sweeps(comm: Any, graph: tuple, order: np.ndarray, damping: float, tol: float, max_iter: int,
-                 descending: bool) -> dict:
-    """(On a worker) the Gauss-Seidel sweeps of one block over ``A`` itself (:func:`push_sweep`), the
-    dangling rank spread each sweep and ``y`` scaled to a sum of 1 between sweeps, until the ranks
-    change by at most ``tol`` (L1): the sweeps of :func:`_rank_sweeps` on one block with ``spread``.
+def _one_block(comm: Any, graph: tuple, order: np.ndarray, damping: float, tol: float, max_iter: int,
+               descending: bool) -> dict:
+    """(On a worker) the Gauss-Seidel sweeps of one block over ``A`` (a :class:`Direct` graph's
+    arrays), the dangling rank spread each sweep and ``y`` scaled to a sum of 1 between sweeps, until
+    the ranks change by at most ``tol`` (L1): the sweeps of :func:`_rank_sweeps` on one block with
+    ``spread``, in node order (``order`` empty) over ``A`` itself (:func:`push_sweep`), else over ``M``
+    renumbered by ``order``, transposed here (:func:`sweep_block`: its gathers read the hubs' values,
+    where the pushes would queue on the hubs' accumulators).
 
     The scaling costs no pass over the nodes: the vectors keep the scale of the last sweep's values
     (sum ``total``) and the sweep's constant term is scaled to it instead. Nor does the change of the
@@ -155,19 +159,35 @@ def _push_sweeps(comm: Any, graph: tuple, order: np.ndarray, damping: float, tol
     teleport = (1.0 - damping) / n
     y = np.full(n, 1.0 / n)
     inv = np.empty(n)
-    acc = np.empty(n)
-    pos = np.empty(0, np.int64)
+    pos = None
     if order.size:
-        pos = np.empty(n, np.int64)
-        pos[order.astype(np.int64)] = np.arange(n)
-    dangling = push_init(indptr, indices, values, pos, descending, y, inv, acc)
-    last = float(y.sum())  # y is y_true * last: the ranks scaled by the sum of the last sweep's values
+        pos = np.empty(n, order.dtype)
+        pos[order.astype(np.int64)] = np.arange(n, dtype=order.dtype)
+        inverse_out_weights(indptr, values, y)  # (y as scratch) the inverse out-weights, renumbered
+        inv[pos] = y
+        y[:] = 1.0 / n
+        mptr = np.empty(n + 1, np.int64)
+        midx = np.empty(len(indices), indices.dtype)
+        mval = np.empty(len(values))
+        transpose_renumber(indptr.astype(np.int64), indices, values, pos, mptr, midx, mval, np.zeros(1, np.uint8))
+        mptr = mptr.astype(np.uint32 if len(indices) < 2 ** 32 else np.uint64)
+        x = inv * y
+        dangling = float(y[inv == 0.0].sum())
+
+        def sweep(base):
+            return sweep_block(mptr, midx, mval, 0, x, x, inv, y, damping, base, False, True)
+    else:
+        acc = np.empty(n)
+        dangling = push_init(indptr, indices, values, np.empty(0, np.int64), descending, y, inv, acc)
+
+        def sweep(base):
+            return push_sweep(indptr, indices, values, order, descending, inv, acc, y, damping, base)
+    last = float(y.sum())  # y is the ranks times last: the sum of the last sweep's values
     history, converged, it = [], False, 0
     while it < max_iter:
         t0 = time.perf_counter()
-        # the fixed point's constant, of the ranks (sum 1: dangling / last of them dangle), at y's scale
-        base = teleport * last + damping * dangling / n
-        diff, total, dangling = push_sweep(indptr, indices, values, order, descending, inv, acc, y, damping, base)
+        # the fixed point's constant, of the ranks (sum 1, dangling / last of it on dangling nodes), at y's scale
+        diff, total, dangling = sweep(teleport * last + damping * dangling / n)
         it += 1
         change = (diff + abs(total - last)) / total
         last = total
@@ -177,7 +197,7 @@ def _push_sweeps(comm: Any, graph: tuple, order: np.ndarray, damping: float, tol
             converged = True
             break
     y *= 1.0 / last
-    return {"y": y, "n_iter": it, "converged": converged, "history": history}
+    return {"y": y if pos is None else y[pos], "n_iter": it, "converged": converged, "history": history}
 
 
 def _rank_sweeps(comm: Any, blocks: list, out: np.ndarray, bounds: np.ndarray, damping: float, tol: float,
@@ -207,7 +227,7 @@ def _rank_sweeps(comm: Any, blocks: list, out: np.ndarray, bounds: np.ndarray, d
         mine = []
         base = teleport + damping * dangling_rank / n if spread else teleport  # of the last sweep's y
         for b, lo, ptr, idx, vals in blocks:
-            change, total = sweep_block(ptr, idx, vals, lo, x, xprev, inv, y, damping, base, descending, alone)
+            change, total, _ = sweep_block(ptr, idx, vals, lo, x, xprev, inv, y, damping, base, descending, alone)
             mine.append((b, change, total))
         if not alone:
             for b, lo, ptr, _, _ in blocks:
@@ -287,11 +307,11 @@ def run_sweeps(client: Any, P: Prepared | Direct, *, damping: float, tol: float,
                 peers, args = attempt.result()
             else:
                 peers, args = _place(client, P)
-            if isinstance(P, Direct):  # one block, spread: the sweeps that push
+            if isinstance(P, Direct):  # one block, spread
                 order = P.order if P.order.size < 2 ** 16 else client.scatter(P.order, workers=peers, hash=False,
                                                                                  direct=True)
                 args = [(graph, order) for (graph,) in args]
-                func, rank_args = _push_sweeps, [(graph, order, damping, tol, max_iter, descending)
+                func, rank_args = _one_block, [(graph, order, damping, tol, max_iter, descending)
                                                  for graph, order in args]
             else:
                 func, rank_args = _rank_sweeps, [(blocks, out, P.bounds, damping, tol, max_iter, descending, spread)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["finish_sweep", "order_share_keys", "order_shares", "push_init", "push_sweep",
+__all__ = ["finish_sweep", "inverse_out_weights", "order_share_keys", "order_shares", "push_init", "push_sweep",
            "received_weights", "scale_block", "sort_by_key", "sweep_block", "transpose_renumber", "unsigned"]
 
 
@@ -174,13 +174,15 @@ def sweep_block(indptr, indices, values, lo, x, xprev, inv, y, damping, teleport
     place on ``y`` and ``x``. Columns inside the block read ``x`` (this sweep's values), the others
     ``xprev`` (the previous sweep's); ``alone``: no other block of ``x`` changes during the sweep
     (``x`` and ``xprev`` agree outside the block), so every column reads ``x``. ``values`` of length
-    0: every weight is 1. Returns the L1 change of the block's ``y`` and the sum of its new values."""
+    0: every weight is 1. Returns the L1 change of the block's ``y``, the sum of its new values and
+    that of its dangling nodes' (``inv == 0``)."""
     nrows = indptr.shape[0] - 1
     ulo = np.uint64(lo)
     span = np.uint64(nrows)
     weighted = values.shape[0] > 0
     change = 0.0
     total = 0.0
+    dangling = 0.0
     for t in range(nrows):
         i = nrows - 1 - t if descending else t
         a = np.uint64(indptr[i])
@@ -202,8 +204,11 @@ def sweep_block(indptr, indices, values, lo, x, xprev, inv, y, damping, teleport
         change += abs(v - y[r])
         total += v
         y[r] = v
-        x[r] = inv[r] * v
-    return change, total
+        w0 = inv[r]
+        if w0 == 0.0:
+            dangling += v
+        x[r] = w0 * v
+    return change, total, dangling
 
 
 @njit(nogil=True, cache=True)
@@ -238,6 +243,22 @@ def finish_sweep(y, yprev, x, xprev, inv, total, prev_total, scale):  # pragma: 
         if inv[r] == 0.0:
             dangling += v
     return change, dangling
+
+
+@njit(nogil=True, cache=True)
+def inverse_out_weights(indptr, values, inv):  # pragma: no cover - compiled
+    """Into ``inv`` the inverse out-weight of every node of ``A`` (0 for dangling nodes)."""
+    weighted = values.shape[0] > 0
+    for s in range(indptr.shape[0] - 1):
+        a = np.uint64(indptr[s])
+        z = np.uint64(indptr[s + 1])
+        o = 0.0
+        if weighted:
+            for k in range(a, z):
+                o += values[k]
+        else:
+            o = float(z - a)
+        inv[s] = 1.0 / o if o > 0 else 0.0
 
 
 @njit(nogil=True, cache=True)
