@@ -36,7 +36,14 @@ from numba import njit
 
 from gdask._compat import scheduler_workers
 from gdask.ml._base import job_share, shared_docs
-from gdask.ml.kernels._pagerank_cpu import order_share_keys, order_shares, received_weights, sort_by_key, unsigned
+from gdask.ml.kernels._pagerank_cpu import (
+    order_estimate,
+    order_share_keys,
+    order_shares,
+    received_weights,
+    sort_by_key,
+    unsigned,
+)
 
 __all__ = ["pagerank", "BlockedGraph", "blocked_graph", "sweep_order"]
 
@@ -266,6 +273,20 @@ def _sweep_order(A: Any, dangling_natural: float | None = None) -> tuple[str, np
     return natural, None, max(desc, asc)
 
 
+def _clearly_orderless(A: Any) -> bool:
+    """Whether samples of ``A``'s links (:func:`order_estimate`, two eighths of the sources) show no
+    order with a share near :data:`ORDERLESS`: the node order's two directions and the in-degree
+    order, all under ``ORDERLESS - 0.1`` (the in-degree share from sampled keys runs low: 0.60
+    against 0.72 on a preferential-attachment graph). Then :func:`_sweep_order`, 3 to 6 times
+    longer on such graphs (57 against 20 ms on 5M random links), is not needed; on graphs of up to
+    :data:`SHARE_SAMPLE_MIN_EDGES` links it is cheap enough: False."""
+    if A.nnz <= SHARE_SAMPLE_MIN_EDGES or A.shape[0] >= 2 ** 32:
+        return False
+    est = order_estimate(A.indptr.astype(np.int64, copy=False), unsigned(A.indices), A.data, SHARE_SAMPLE_BITS,
+                         np.empty(A.shape[0]))
+    return max(est) < ORDERLESS - 0.1
+
+
 def _compute(layer: dict, outs: list) -> list:
     import dask
 
@@ -487,7 +508,6 @@ def _worker_blocks(A: Any, client: Any) -> int:
 def _pagerank_workers(A: Any, *, damping: float, tol: float, max_iter: int, nblocks: int | None, client: Any,
                       return_info: bool, progress: tuple):
     """:func:`pagerank` with the sweeps on the workers (:mod:`gdask.ml._pagerank_loop`)."""
-    from gdask.gdataset import Progress
     from gdask.ml._pagerank_loop import direct, place, prepare, run_sweeps
 
     if nblocks is None:
@@ -496,9 +516,12 @@ def _pagerank_workers(A: Any, *, damping: float, tol: float, max_iter: int, nblo
         P = direct(A, None)
         with ThreadPoolExecutor(1, thread_name_prefix="gdask-pagerank") as pool:
             placed = pool.submit(place, client, P)
-            order, perm, share = _sweep_order(A, DANGLING_NATURAL)
-            if share < ORDERLESS:
+            if _clearly_orderless(A):
                 order, perm = "ascending", None
+            else:
+                order, perm, share = _sweep_order(A, DANGLING_NATURAL)
+                if share < ORDERLESS:
+                    order, perm = "ascending", None
             if perm is not None:
                 P.order = perm.astype(P.order.dtype)
             res = run_sweeps(client, P, damping=damping, tol=tol, max_iter=max_iter,

@@ -30,6 +30,7 @@ start, at most config ``gdask.engine.max-restarts`` times, to the same bits.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,7 @@ from distributed import Future
 from gdask import config
 from gdask._compat import scheduler_workers
 from gdask.gdataset.collective import CollectiveError, run_on_workers
+from gdask.ml import _shared
 from gdask.ml.kernels._pagerank_cpu import (
     finish_sweep,
     inverse_out_weights,
@@ -141,8 +143,8 @@ def direct(A: Any, perm: np.ndarray | None) -> Direct:
                   order=order)
 
 
-def _one_block(comm: Any, graph: tuple, order: np.ndarray, damping: float, tol: float, max_iter: int,
-               descending: bool) -> dict:
+def _one_block(comm: Any, graph: Any, order: Any, damping: float, tol: float, max_iter: int,
+               descending: bool, y_file: str | None = None) -> dict:
     """(On a worker) the Gauss-Seidel sweeps of one block over ``A`` (a :class:`Direct` graph's
     arrays), the dangling rank spread each sweep and ``y`` scaled to a sum of 1 between sweeps, until
     the ranks change by at most ``tol`` (L1): the sweeps of :func:`_rank_sweeps` on one block with
@@ -153,7 +155,17 @@ def _one_block(comm: Any, graph: tuple, order: np.ndarray, damping: float, tol: 
     The scaling costs no pass over the nodes: the vectors keep the scale of the last sweep's values
     (sum ``total``) and the sweep's constant term is scaled to it instead. Nor does the change of the
     ranks ``y / total``: it is bounded by ``(sum |y - y_last| + |total - total_last|) / total`` from
-    the sweep's own sums (stricter than the change itself, by at most a factor of 2)."""
+    the sweep's own sums (stricter than the change itself, by at most a factor of 2).
+
+    ``graph`` and ``order`` may come as :class:`~gdask.ml._shared.SharedArrays`; then the ranks go
+    back through the file ``y_file`` (the result holds ``"y": None``), or, when the files are not
+    on this worker's host, the result is ``{"unshared": True}``."""
+    if isinstance(graph, _shared.SharedArrays):
+        graph = _shared.read(graph)
+        if isinstance(order, _shared.SharedArrays):
+            order, = _shared.read(order) or [None]
+        if graph is None or order is None:
+            return {"unshared": True}
     indptr, indices, values = graph
     n = len(indptr) - 1
     teleport = (1.0 - damping) / n
@@ -197,7 +209,11 @@ def _one_block(comm: Any, graph: tuple, order: np.ndarray, damping: float, tol: 
             converged = True
             break
     y *= 1.0 / last
-    return {"y": y if pos is None else y[pos], "n_iter": it, "converged": converged, "history": history}
+    if pos is not None:
+        y = y[pos]
+    if y_file is not None and _shared.write_out(y_file, y):
+        y = None
+    return {"y": y, "n_iter": it, "converged": converged, "history": history}
 
 
 def _rank_sweeps(comm: Any, blocks: list, out: np.ndarray, bounds: np.ndarray, damping: float, tol: float,
@@ -262,10 +278,12 @@ def _rank_sweeps(comm: Any, blocks: list, out: np.ndarray, bounds: np.ndarray, d
     return {"y": y, "n_iter": it, "converged": converged, "history": history}
 
 
-def _place(client: Any, P: Prepared | Direct) -> tuple[list[str], list[tuple]]:
+def _place(client: Any, P: Prepared | Direct, same_host: bool = True) -> tuple[list[str], list[tuple]]:
     """Send each worker its contiguous share of the blocks and the out-weights (a :class:`Direct`
-    graph: the graph and the order to one worker); (peers, args)."""
-    workers = sorted(scheduler_workers(client))
+    graph: the graph to one worker, through shared memory when it is on this host and
+    ``same_host``: :mod:`gdask.ml._shared`); (peers, args)."""
+    info = scheduler_workers(client)
+    workers = sorted(info)
     if not workers:  # between a lost worker and its restart, say
         wait = float(config.get("timeouts.cluster-start", 120))
         try:
@@ -273,9 +291,14 @@ def _place(client: Any, P: Prepared | Direct) -> tuple[list[str], list[tuple]]:
         except TimeoutError:
             raise RuntimeError(f"pagerank found no worker on the cluster within {wait:g} s (config "
                                f"gdask.timeouts.cluster-start): start workers, or pass loop='graph'") from None
-        workers = sorted(scheduler_workers(client))
+        info = scheduler_workers(client)
+        workers = sorted(info)
     if isinstance(P, Direct):
-        graph = client.scatter((P.indptr, P.indices, P.values), workers=[workers[0]], hash=False, direct=True)
+        arrays = (P.indptr, P.indices, P.values)
+        where = _shared.directory() if same_host and _shared.on_this_host(workers[0], info.get(workers[0])) else None
+        graph = _shared.write(list(arrays), where) if where else None
+        if graph is None:
+            graph = client.scatter(arrays, workers=[workers[0]], hash=False, direct=True)
         return workers[:1], [(graph,)]
     ranks = min(len(workers), P.nblocks)
     peers, args = workers[:ranks], []
@@ -299,24 +322,35 @@ def run_sweeps(client: Any, P: Prepared | Direct, *, damping: float, tol: float,
     (its first attempt; it is sent again if that failed)."""
     restarts = 0
     max_restarts = int(config.get("engine.max-restarts", 3))
+    same_host = True
     while True:
         args: list = []
+        y_file = None
         try:
             if placed is not None:
                 placed, attempt = None, placed
                 peers, args = attempt.result()
             else:
-                peers, args = _place(client, P)
+                peers, args = _place(client, P, same_host)
             if isinstance(P, Direct):  # one block, spread
-                order = P.order if P.order.size < 2 ** 16 else client.scatter(P.order, workers=peers, hash=False,
-                                                                                 direct=True)
-                args = [(graph, order) for (graph,) in args]
-                func, rank_args = _one_block, [(graph, order, damping, tol, max_iter, descending)
-                                                 for graph, order in args]
+                (graph,), = args
+                order: Any = P.order
+                if isinstance(graph, _shared.SharedArrays):  # the order and the ranks through shared memory too
+                    order = _shared.write([P.order], os.path.dirname(graph.path)) if P.order.size else P.order
+                    y_file = _shared.out_file(os.path.dirname(graph.path))
+                if isinstance(order, np.ndarray) and order.size >= 2 ** 16:
+                    order = client.scatter(P.order, workers=peers, hash=False, direct=True)
+                args = [(graph, order)]
+                func, rank_args = _one_block, [(graph, order, damping, tol, max_iter, descending, y_file)]
             else:
                 func, rank_args = _rank_sweeps, [(blocks, out, P.bounds, damping, tol, max_iter, descending, spread)
                                                  for blocks, out in args]
             res = run_on_workers(client, func, peers, rank_args, name="pagerank-sweeps", same_results=True)
+            if res[0].get("unshared"):  # the worker saw no such file: not on this host after all
+                same_host = False
+                continue
+            if res[0]["y"] is None:
+                res[0]["y"] = _shared.read_out(y_file, np.float64, P.n)
         except (CollectiveError, OSError) as e:  # OSError: a worker gone while its blocks were sent
             if restarts >= max_restarts:
                 raise
@@ -326,6 +360,8 @@ def run_sweeps(client: Any, P: Prepared | Direct, *, damping: float, tol: float,
             continue
         finally:
             client.cancel([f for a in args for f in a if isinstance(f, Future)])
+            for f in [y_file, *(a for a in args for a in a if isinstance(a, _shared.SharedArrays))]:
+                _shared.remove(f)
         out = res[0]
         out["restarts"] = restarts
         out["ranks"] = len(peers)

@@ -26,8 +26,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["finish_sweep", "inverse_out_weights", "order_share_keys", "order_shares", "push_init", "push_sweep",
-           "received_weights", "scale_block", "sort_by_key", "sweep_block", "transpose_renumber", "unsigned"]
+__all__ = ["finish_sweep", "inverse_out_weights", "order_estimate", "order_share_keys", "order_shares", "push_init",
+           "push_sweep", "received_weights", "scale_block", "sort_by_key", "sweep_block", "transpose_renumber",
+           "unsigned"]
 
 
 def unsigned(a: np.ndarray) -> np.ndarray:
@@ -125,6 +126,65 @@ def order_share_keys(indptr, indices, data, inv, keys, descending_ties, sample_b
             if ks < kt or (ks == kt and ((t < s) if descending_ties else (s < t))):
                 fwd += w
     return fwd, tot
+
+
+@njit(nogil=True, cache=True)
+def order_estimate(indptr, indices, data, sample_bits, received):  # pragma: no cover - compiled
+    """Estimates of the share of the transition weight on links to lower-numbered nodes, to
+    higher-numbered ones, and on the forward links of the in-degree order, from two disjoint samples
+    of the sources, each one in ``2 ** sample_bits`` (a multiplicative hash of the index picks, the
+    same every call): the first gives the links' directions and the nodes' received weight, the
+    second is scored by that received weight, which its own links took no part in (scored by keys its
+    links made, a sample scores its forward share far too high: 0.9 against 0.64 on random links).
+    The in-degree share is low on noisy keys: a lower bound, roughly, of the share with every link's
+    weight in the keys. ``received`` (n floats) is scratch."""
+    n = indptr.shape[0] - 1
+    mult = np.uint64(2654435761)
+    mask = np.uint64(0xFFFFFFFF)
+    drop = np.uint64(32 - sample_bits)
+    received[:] = 0.0
+    down = 0.0
+    up = 0.0
+    for s in range(n):
+        if ((np.uint64(s) * mult) & mask) >> drop != 0:
+            continue
+        o = 0.0
+        for k in range(indptr[s], indptr[s + 1]):
+            o += data[k]
+        if o <= 0:
+            continue
+        w0 = 1.0 / o
+        for k in range(indptr[s], indptr[s + 1]):
+            t = np.int64(indices[k])
+            w = data[k] * w0
+            received[t] += w
+            if t < s:
+                down += w
+            elif t > s:
+                up += w
+    fwd = 0.0
+    tot = 0.0
+    for s in range(n):
+        if ((np.uint64(s) * mult) & mask) >> drop != 1:
+            continue
+        o = 0.0
+        for k in range(indptr[s], indptr[s + 1]):
+            o += data[k]
+        if o <= 0:
+            continue
+        w0 = 1.0 / o
+        ks = received[s]
+        for k in range(indptr[s], indptr[s + 1]):
+            t = np.int64(indices[k])
+            if t == s:
+                continue
+            w = data[k] * w0
+            tot += w
+            kt = received[t]
+            if ks < kt or (ks == kt and s < t):
+                fwd += w
+    links = down + up
+    return (down / links if links > 0 else 0.0, up / links if links > 0 else 0.0, fwd / tot if tot > 0 else 0.0)
 
 
 @njit(nogil=True, cache=True)
@@ -297,7 +357,8 @@ def push_init(indptr, indices, values, pos, descending, y, inv, acc):  # pragma:
 
 
 @njit(nogil=True, cache=True)
-def push_sweep(indptr, indices, values, order, descending, inv, acc, y, damping, teleport):  # pragma: no cover - compiled
+def push_sweep(indptr, indices, values, order, descending, inv, acc, y, damping,
+               teleport):  # pragma: no cover - compiled
     """One Gauss-Seidel sweep of ``y = damping * A.T @ (inv * y) + teleport`` over ``A`` (CSR, row =
     source, unsigned indices; ``values`` of length 0: every weight is 1), in place on ``y`` and the
     accumulators ``acc`` (see :func:`push_init`). Nodes in the order ``order`` (length 0: node order,
