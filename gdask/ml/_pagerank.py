@@ -512,7 +512,8 @@ def _pagerank_workers(A: Any, *, damping: float, tol: float, max_iter: int, nblo
 
     if nblocks is None:
         nblocks = _worker_blocks(A, client)
-    if nblocks == 1 and _PUSH:
+    if nblocks == 1:
+        # one block: sweeps over A itself on one worker (no transpose here), A sent while the order is chosen
         P = direct(A, None)
         with ThreadPoolExecutor(1, thread_name_prefix="gdask-pagerank") as pool:
             placed = pool.submit(place, client, P)
@@ -520,7 +521,7 @@ def _pagerank_workers(A: Any, *, damping: float, tol: float, max_iter: int, nblo
                 order, perm = "ascending", None
             else:
                 order, perm, share = _sweep_order(A, DANGLING_NATURAL)
-                if share < ORDERLESS:
+                if share < ORDERLESS:  # no order that the rank follows: the sweeps as power iterations do
                     order, perm = "ascending", None
             if perm is not None:
                 P.order = perm.astype(P.order.dtype)
@@ -536,7 +537,7 @@ def _pagerank_workers(A: Any, *, damping: float, tol: float, max_iter: int, nblo
     with ThreadPoolExecutor(1, thread_name_prefix="gdask-pagerank") as pool:
         in_node_order = pool.submit(prepare, A, None, nblocks, stop) if spare else None
         try:
-            order, perm, share = _sweep_order(A, DANGLING_NATURAL if nblocks == 1 else None)
+            order, perm, share = _sweep_order(A)
         except BaseException:
             stop[0] = 1  # the pool's exit waits for the build: end it
             raise
@@ -549,16 +550,10 @@ def _pagerank_workers(A: Any, *, damping: float, tol: float, max_iter: int, nblo
             pos = np.empty_like(perm)
             pos[perm] = np.arange(len(perm))
             P = prepare(A, pos, nblocks)
-    # one block: the dangling rank spread each sweep too (one Gauss-Seidel order over the whole graph
-    # then needs fewer sweeps on every graph measured: 8 -> 6 on the benchmark's, 15 -> 9 with 30% of
-    # the nodes dangling); between blocks updated from each other's last sweep it slows ordered graphs
-    spread = share < ORDERLESS or nblocks == 1
+    # between blocks updated from each other's last sweep the dangling rank's spread slows ordered graphs
     res = run_sweeps(client, P, damping=damping, tol=tol, max_iter=max_iter, descending=order == "descending",
-                     spread=spread)
+                     spread=share < ORDERLESS)
     return _finish_workers(res, P, order, pos, progress, return_info)
-
-
-_PUSH = True
 
 
 def _finish_workers(res: dict, P: Any, order: str, pos: np.ndarray | None, progress: tuple, return_info: bool):

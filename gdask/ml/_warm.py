@@ -103,13 +103,14 @@ class _OneRank:
 
 def _pagerank_calls() -> list[Callable[[], Any]]:
     """PageRank's kernels (:func:`gdask.ml.pagerank` on the workers), each case numba compiles: the
-    sweep order's (on the client), the transpose and the sweeps with weights all 1 and not, in one
-    block and in two, renumbered or not."""
+    sweep order's (on the client: sampled and in full), the transpose and the sweeps with weights all
+    1 and not, in one block (pushed over ``A`` in either direction, or renumbered, transposed and
+    gathered) and in two, renumbered or not."""
     import scipy.sparse as sp
 
     from gdask.ml._pagerank import _sweep_order
-    from gdask.ml._pagerank_loop import _rank_sweeps, prepare
-    from gdask.ml.kernels._pagerank_cpu import sort_by_key
+    from gdask.ml._pagerank_loop import _one_block, _rank_sweeps, direct, prepare
+    from gdask.ml.kernels._pagerank_cpu import order_estimate, sort_by_key, unsigned
 
     rng = np.random.default_rng(0)
     n, m = 64, 256
@@ -122,9 +123,18 @@ def _pagerank_calls() -> list[Callable[[], Any]]:
         _rank_sweeps(_OneRank(), [P.block(b) for b in range(P.nblocks)], P.out, P.bounds, 0.85, 1e-3, 3,
                      descending=renumber, spread=nblocks == 1)
 
-    calls: list[Callable[[], Any]] = [lambda: _sweep_order(graphs[1]),
-                                      lambda: sort_by_key(np.arange(n, dtype=np.uint32), True)]
+    def one_block(A: Any, order: str) -> None:
+        P = direct(A, pos if order == "in-degree" else None)
+        _one_block(_OneRank(), (P.indptr, P.indices, P.values), P.order, 0.85, 1e-3, 3, order == "descending")
+
+    calls: list[Callable[[], Any]] = [
+        lambda: _sweep_order(graphs[1]),
+        lambda: sort_by_key(np.arange(n, dtype=np.uint32), True),
+        lambda: order_estimate(graphs[1].indptr.astype(np.int64), unsigned(graphs[1].indices), graphs[1].data, 3,
+                               np.empty(n)),
+    ]
     for A in graphs:
+        calls += [lambda A=A, o=o: one_block(A, o) for o in ("ascending", "descending", "in-degree")]
         calls += [lambda A=A: sweeps(A, False, 1), lambda A=A: sweeps(A, True, 2)]
     return calls
 

@@ -74,6 +74,49 @@ def test_the_warm_up_compiles_every_kernel_the_fits_run():
     assert not {k: v for k, v in missing.items() if v}, "compiled by the fits, not by the warm-up"
 
 
+def test_the_warm_up_compiles_every_kernel_pagerank_runs(tmp_path):
+    """In a fresh process: after warm_kernels(), PageRank's order (sampled and full) and its sweeps on
+    one block (pushed over the graph in both directions, renumbered and gathered) and on several,
+    with weights all 1 and not, from arrays as a worker gets them (scattered, or mapped from a
+    shared-memory file), compile no kernel signature the warm-up did not."""
+    proc = _run(_SIGNATURES + textwrap.dedent(f"""
+        import json
+        import numpy as np
+        import scipy.sparse as sp
+        from gdask.ml import warm_kernels
+        from gdask.ml import _shared
+        from gdask.ml import powerlaw_graph
+        from gdask.ml._pagerank import _clearly_orderless, _sweep_order
+        from gdask.ml._pagerank_loop import _one_block, _rank_sweeps, direct, prepare
+        from gdask.ml._warm import _OneRank
+
+        warm_kernels()
+        warmed = signatures()
+        rng = np.random.default_rng(1)
+        n, m = 4000, 2_100_000  # over the sampled order's minimum of edges
+        ones = sp.csr_matrix((np.ones(m), (rng.integers(0, n, m), rng.integers(0, n, m))), shape=(n, n))
+        ones.data[:] = 1.0
+        for A in (ones, powerlaw_graph(n, seed=0), sp.csr_matrix(ones.multiply(rng.uniform(1, 2, (n, 1))))):
+            _clearly_orderless(A)
+            order, perm, _ = _sweep_order(A)
+            for perm in (None, rng.permutation(n)):
+                P = direct(A, perm)
+                shared = _shared.write([P.indptr, P.indices, P.values], {str(tmp_path)!r})
+                for graph in ((P.indptr, P.indices, P.values), shared):
+                    for descending in (False, True):
+                        _one_block(_OneRank(), graph, P.order, 0.85, 1e-4, 3, descending and perm is None)
+                _shared.remove(shared)
+                Q = prepare(A, None if perm is None else np.argsort(perm), 2)
+                _rank_sweeps(_OneRank(), [Q.block(b) for b in range(2)], Q.out, Q.bounds, 0.85, 1e-4, 3, False)
+        print(json.dumps({{"warmed": warmed, "after": signatures()}}))
+    """), env={"NUMBA_ENABLE_CUDASIM": "0"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert any(v for k, v in found["warmed"].items() if "pagerank" in k), "the warm-up compiled no PageRank kernel"
+    missing = {k: sorted(set(v) - set(found["warmed"].get(k, ()))) for k, v in found["after"].items()}
+    assert not {k: v for k, v in missing.items() if v}, "compiled by PageRank, not by the warm-up"
+
+
 def test_the_warm_up_changes_no_global_state_while_it_runs():
     """Another thread of the process (a worker's task) sees the same Dask config and warnings
     filters during the warm-up as before; the warm-up warns nothing."""

@@ -7,10 +7,16 @@ import pytest
 import scipy.sparse as sp
 
 import gdask.ml
-from gdask.ml import _pagerank
-from gdask.ml._pagerank import ORDERLESS, _sweep_order, _worker_blocks, sweep_order
-from gdask.ml._pagerank_loop import _rank_sweeps, prepare
-from gdask.ml.kernels._pagerank_cpu import order_share_keys, sort_by_key, transpose_renumber, unsigned
+from gdask.ml import _pagerank, _shared
+from gdask.ml._pagerank import ORDERLESS, _clearly_orderless, _sweep_order, _worker_blocks, sweep_order
+from gdask.ml._pagerank_loop import _one_block, _rank_sweeps, direct, prepare
+from gdask.ml.kernels._pagerank_cpu import (
+    order_estimate,
+    order_share_keys,
+    sort_by_key,
+    transpose_renumber,
+    unsigned,
+)
 from tests.ml.test_pagerank import reference_pagerank
 
 
@@ -242,14 +248,18 @@ def test_loop_errors(client):
         gdask.ml.pagerank(sp.eye(3, format="csr"), loop="workers", method="jacobi", client=client)
 
 
-def test_a_failed_loop_runs_again_to_the_same_bits(client, monkeypatch):
+@pytest.mark.parametrize("nblocks", [1, 2])
+def test_a_failed_loop_runs_again_to_the_same_bits(client, monkeypatch, tmp_path, nblocks):
     # the loop's first attempt ends as a lost worker ends it (CollectiveError): the blocks are sent
-    # again and the sweeps run again from the start
+    # again and the sweeps run again from the start (one block: through shared memory, no file left)
+    import dask
+
     import gdask.ml._pagerank_loop as loop
     from gdask.gdataset.collective import CollectiveError
 
-    A = gdask.ml.powerlaw_graph(3000, avg_degree=5, seed=6)
-    ref = gdask.ml.pagerank(A, tol=1e-9, nblocks=2, loop="workers", client=client)
+    monkeypatch.setitem(dask.config.config["gdask"]["ml"], "shared-memory-dir", str(tmp_path))
+    A = _shuffled(gdask.ml.powerlaw_graph(3000, avg_degree=5, seed=6), 4)
+    ref = gdask.ml.pagerank(A, tol=1e-9, nblocks=nblocks, loop="workers", client=client)
     real, calls = loop.run_on_workers, []
 
     def failing_once(*args, **kwargs):
@@ -259,6 +269,200 @@ def test_a_failed_loop_runs_again_to_the_same_bits(client, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(loop, "run_on_workers", failing_once)
-    r, info = gdask.ml.pagerank(A, tol=1e-9, nblocks=2, loop="workers", return_info=True, client=client)
-    assert info["restarts"] == 1 and len(calls) == 2
+    r, info = gdask.ml.pagerank(A, tol=1e-9, nblocks=nblocks, loop="workers", return_info=True, client=client)
+    assert info["restarts"] == 1 and len(calls) == 2 and info["order"] == "in-degree"
     np.testing.assert_array_equal(r, ref)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _graph_with_weights_and_dangling(n=3000, seed=8, weighted=True):
+    A = gdask.ml.powerlaw_graph(n, avg_degree=5, seed=seed, p_back=0.3)
+    loops = np.arange(0, n, 7)
+    A = (A + sp.csr_matrix((np.ones(len(loops)), (loops, loops)), shape=A.shape)).tocsr()  # some self-loops
+    A.data[:] = 1.0
+    if weighted:
+        A.data = np.random.default_rng(seed).uniform(0.5, 3.0, A.nnz)
+    assert (A.getnnz(axis=1) == 0).any()  # dangling nodes
+    return A
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("order", ["ascending", "descending", "in-degree"])
+def test_one_block_sweeps_are_the_gauss_seidel_sweeps_of_the_blocks(weighted, order):
+    # the one-block loop (pushed over A in node order; renumbered, transposed on the worker and gathered
+    # in the in-degree order) against the blocked loop's sweeps of one block with the spread, sweep by
+    # sweep (tol 0: a fixed number of sweeps): the same iterates, to rounding
+    A = _graph_with_weights_and_dangling(weighted=weighted)
+    perm = np.random.default_rng(0).permutation(A.shape[0]) if order == "in-degree" else None
+    P = direct(A, perm)
+    assert P.values.size == (A.nnz if weighted else 0)
+    pos = None if perm is None else np.argsort(perm)
+    Q = prepare(A, pos, 1)
+    for sweeps in (1, 2, 7):
+        got = _one_block(OneRank(), (P.indptr, P.indices, P.values), P.order, 0.85, 0.0, sweeps,
+                         order == "descending")
+        want = _rank_sweeps(OneRank(), [Q.block(0)], Q.out, Q.bounds, 0.85, 0.0, sweeps, order == "descending",
+                            spread=True)
+        assert got["n_iter"] == want["n_iter"] == sweeps
+        ref = want["y"] if pos is None else want["y"][pos]
+        np.testing.assert_allclose(got["y"], ref, rtol=1e-12, atol=0)
+        assert got["y"].sum() == pytest.approx(1.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("order", ["ascending", "in-degree"])
+def test_one_block_change_bounds_the_ranks_change(order):
+    # each sweep's recorded change bounds the L1 change of the ranks from the sweep before, at most
+    # twice over: the loop never stops before the ranks changed by tol or less
+    A = _graph_with_weights_and_dangling(seed=9)
+    perm = np.random.default_rng(1).permutation(A.shape[0]) if order == "in-degree" else None
+    P = direct(A, perm)
+    prev = np.full(A.shape[0], 1.0 / A.shape[0])
+    for k in range(1, 12):
+        res = _one_block(OneRank(), (P.indptr, P.indices, P.values), P.order, 0.85, 0.0, k, False)
+        true = np.abs(res["y"] - prev).sum()
+        bound = res["history"][-1]["change"]
+        assert true * (1 - 1e-9) <= bound <= 2 * true * (1 + 1e-9) + 1e-15
+        prev = res["y"]
+
+
+def test_one_block_converges_to_the_reference_in_every_order(client):
+    A = _graph_with_weights_and_dangling(n=70_000, seed=4)
+    results = {}
+    for kind, B in (("natural", A), ("shuffled", _shuffled(A, 2))):
+        r, info = gdask.ml.pagerank(B, tol=1e-10, nblocks=1, loop="workers", return_info=True, client=client)
+        assert info["converged"] and info["nblocks"] == 1
+        results[kind] = (r, info["order"])
+    p = np.random.default_rng(2).permutation(A.shape[0])
+    r_nat, r_shuf = results["natural"][0], results["shuffled"][0]
+    np.testing.assert_allclose(r_shuf, r_nat[p], rtol=0, atol=1e-9)  # the same ranks, renumbered
+    assert results["natural"][1] == "descending" and results["shuffled"][1] == "in-degree"
+    _, want = _power_iterations(A, 1e-12)  # SciPy's power iteration, to a tight tolerance
+    np.testing.assert_allclose(r_nat, want / want.sum(), rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("same_host", [True, False])
+def test_one_block_through_shared_memory_or_the_socket_the_same_bits(client, tmp_path, same_host):
+    # the graph, the order and the ranks through a file in shared memory, or through the socket: the
+    # same bits; no file is left behind
+    import dask
+
+    A = _shuffled(_graph_with_weights_and_dangling(n=70_000, seed=5), 3)
+    with dask.config.set({"gdask.ml.same-host-transfer": False}):
+        ref = gdask.ml.pagerank(A, tol=1e-9, nblocks=1, loop="workers", client=client)
+    with dask.config.set({"gdask.ml.same-host-transfer": same_host, "gdask.ml.shared-memory-dir": str(tmp_path)}):
+        written = []
+        real = _shared.write
+
+        def spy(arrays, where):
+            out = real(arrays, where)
+            written.append(out)
+            return out
+
+        import gdask.ml._pagerank_loop as loop
+
+        loop._shared.write, saved = spy, loop._shared.write
+        try:
+            r, info = gdask.ml.pagerank(A, tol=1e-9, nblocks=1, loop="workers", return_info=True, client=client)
+        finally:
+            loop._shared.write = saved
+    np.testing.assert_array_equal(r, ref)
+    assert info["order"] == "in-degree"
+    assert len(written) == (2 if same_host else 0) and all(isinstance(w, _shared.SharedArrays) for w in written)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_one_block_falls_back_to_the_socket_when_the_worker_sees_no_file(client, monkeypatch, tmp_path):
+    # a worker that looks local but sees another /dev/shm (a container of its own, say): it answers that it
+    # found no file, and the graph goes through its socket; the same bits, no file left
+    import dask
+
+    import gdask.ml._pagerank_loop as loop
+
+    A = _graph_with_weights_and_dangling(n=70_000, seed=6)
+    with dask.config.set({"gdask.ml.same-host-transfer": False}):
+        ref = gdask.ml.pagerank(A, tol=1e-9, nblocks=1, loop="workers", client=client)
+    real = _shared.write
+
+    def elsewhere(arrays, where):  # written where no worker looks
+        out = real(arrays, where)
+        moved = out.path + "-elsewhere"
+        import os
+
+        os.rename(out.path, moved)
+        seen.append(moved)
+        return _shared.SharedArrays(out.path, out.specs)
+
+    seen = []
+    monkeypatch.setattr(loop._shared, "write", elsewhere)
+    with dask.config.set({"gdask.ml.shared-memory-dir": str(tmp_path)}):
+        r, info = gdask.ml.pagerank(A, tol=1e-9, nblocks=1, loop="workers", return_info=True, client=client)
+    np.testing.assert_array_equal(r, ref)
+    assert len(seen) == 1 and info["restarts"] == 0
+    for path in seen:
+        import os
+
+        os.unlink(path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_shared_arrays_round_trip_and_refusals(tmp_path, monkeypatch):
+    arrays = [np.arange(10, dtype=np.uint32), np.empty(0), np.linspace(0, 1, 7), np.arange(3, dtype=np.int64)]
+    sa = _shared.write(arrays, str(tmp_path))
+    got = _shared.read(sa)
+    assert [g.dtype for g in got] == [a.dtype for a in arrays]
+    for g, a in zip(got, arrays):
+        np.testing.assert_array_equal(g, a)
+        assert g.flags.writeable and g.flags.c_contiguous
+    got[0][0] = 99  # copy-on-write: the file keeps its bytes
+    assert _shared.read(sa)[0][0] == 0
+    _shared.remove(sa)
+    assert _shared.read(sa) is None and list(tmp_path.iterdir()) == []
+    # the result file: written only while the caller still waits for it
+    out = _shared.out_file(str(tmp_path))
+    assert _shared.write_out(out, np.arange(5.0))
+    np.testing.assert_array_equal(_shared.read_out(out, np.float64, 5), np.arange(5.0))
+    with pytest.raises(RuntimeError, match="holds 5 values"):
+        _shared.read_out(out, np.float64, 6)
+    _shared.remove(out)
+    assert not _shared.write_out(out, np.arange(5.0)) and list(tmp_path.iterdir()) == []
+    # no room: None, and no file
+    monkeypatch.setattr(_shared, "_room", lambda nbytes, where: False)
+    assert _shared.write(arrays, str(tmp_path)) is None and list(tmp_path.iterdir()) == []
+
+
+def test_shared_memory_directory_and_host(tmp_path):
+    import dask
+
+    with dask.config.set({"gdask.ml.same-host-transfer": False}):
+        assert _shared.directory() is None
+    with dask.config.set({"gdask.ml.shared-memory-dir": str(tmp_path)}):
+        assert _shared.directory() == str(tmp_path)
+    with dask.config.set({"gdask.ml.shared-memory-dir": str(tmp_path / "missing")}):
+        assert _shared.directory() is None
+    assert _shared.on_this_host("tcp://127.0.0.1:4000", {"host": "127.0.0.1"})
+    assert _shared.on_this_host("tcp://127.0.0.1:4000")
+    assert not _shared.on_this_host("tcp://203.0.113.9:4000", {"host": "203.0.113.9"})
+
+
+def test_order_estimate_and_clearly_orderless():
+    rng = np.random.default_rng(0)
+    n, m = 200_000, 2_500_000
+    random = sp.csr_matrix((np.ones(m), (rng.integers(0, n, m), rng.integers(0, n, m))), shape=(n, n))
+    down, up, indeg = order_estimate(random.indptr.astype(np.int64), unsigned(random.indices), random.data, 3,
+                                     np.empty(n))
+    assert abs(down - 0.5) < 0.02 and abs(up - 0.5) < 0.02 and indeg < ORDERLESS - 0.1
+    assert _clearly_orderless(random)
+    # links mostly down the node order: the estimate sees it, and the full order is chosen
+    src = rng.integers(1, n, m)
+    dst = (src * rng.uniform(0, 1, m)).astype(np.int64)
+    chain = sp.csr_matrix((np.ones(m), (src, dst)), shape=(n, n))
+    down, up, _ = order_estimate(chain.indptr.astype(np.int64), unsigned(chain.indices), chain.data, 3, np.empty(n))
+    assert down > 0.99 and not _clearly_orderless(chain)
+    # hubs: most links end in a few nodes (the in-degree order), shuffled so the node order shows nothing
+    dst = np.minimum(rng.zipf(1.8, m) - 1, n - 1)
+    p = rng.permutation(n)
+    hubs = sp.csr_matrix((np.ones(m), (rng.integers(0, n, m), p[dst])), shape=(n, n))
+    assert order_estimate(hubs.indptr.astype(np.int64), unsigned(hubs.indices), hubs.data, 3, np.empty(n))[2] > 0.9
+    assert not _clearly_orderless(hubs) and _sweep_order(hubs)[0] == "in-degree"
+    # small graphs: the full order is cheap
+    assert not _clearly_orderless(random[:1000, :1000])
