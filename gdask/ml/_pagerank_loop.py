@@ -21,6 +21,15 @@ power iterations on 5M random edges between 1M nodes); blocks updated from each 
 and the lagged spread slow ordered graphs (12 -> 42 sweeps on the benchmark's graph in 2 blocks). Both
 have ranks of the same fixed point (``y`` of one is a multiple of the other's).
 
+One block (the default below :data:`~gdask.ml._pagerank.SPLIT_MIN_EDGES_PER_NODE` edges a node) is
+swept by one worker over ``A`` as the user gave it (:class:`Direct`, :func:`_one_block`): no transpose
+is made on the client, and the graph is sent while the client chooses the sweep order. In node order
+each node pushes its new value to its destinations' accumulators (:func:`push_sweep`: as fast as the
+gathers on graphs whose links spread over the nodes, and the transpose, 3 to 10 sweeps' time on them,
+is saved); in the in-degree order the worker renumbers and transposes ``A`` itself and the sweeps
+gather (the hubs' accumulators would queue the pushes). To a worker on the client's host the graph,
+the order and the ranks go through a file in shared memory (:mod:`gdask.ml._shared`).
+
 A worker lost (or a loop that could not start) ends the attempt with
 :class:`~gdask.gdataset.collective.CollectiveError`: the blocks are sent again to the workers there
 are then (the client keeps the prepared graph for the whole call) and the sweeps run again from the
