@@ -77,8 +77,9 @@ def test_the_warm_up_compiles_every_kernel_the_fits_run():
 def test_the_warm_up_compiles_every_kernel_pagerank_runs(tmp_path):
     """In a fresh process: after warm_kernels(), PageRank's order (sampled and full) and its sweeps on
     one block (pushed over the graph in both directions, renumbered and gathered) and on several,
-    with weights all 1 and not, from arrays as a worker gets them (scattered, or mapped from a
-    shared-memory file), compile no kernel signature the warm-up did not."""
+    with weights all 1 and not (counts, float32 and float64 ones), from arrays as a worker gets them
+    (scattered, or mapped from a shared-memory file), compile no kernel signature the warm-up did
+    not."""
     proc = _run(_SIGNATURES + textwrap.dedent(f"""
         import json
         import numpy as np
@@ -87,7 +88,7 @@ def test_the_warm_up_compiles_every_kernel_pagerank_runs(tmp_path):
         from gdask.ml import _shared
         from gdask.ml import powerlaw_graph
         from gdask.ml._pagerank import _clearly_orderless, _sweep_order
-        from gdask.ml._pagerank_loop import _one_block, _rank_sweeps, direct, prepare
+        from gdask.ml._pagerank_loop import _one_block, _rank_sweeps, direct, narrow, prepare
         from gdask.ml._warm import _OneRank
 
         warm_kernels()
@@ -96,11 +97,18 @@ def test_the_warm_up_compiles_every_kernel_pagerank_runs(tmp_path):
         n, m = 4000, 2_100_000  # over the sampled order's minimum of edges
         ones = sp.csr_matrix((np.ones(m), (rng.integers(0, n, m), rng.integers(0, n, m))), shape=(n, n))
         ones.data[:] = 1.0
-        for A in (ones, powerlaw_graph(n, seed=0), sp.csr_matrix(ones.multiply(rng.uniform(1, 2, (n, 1))))):
+        counts = ones.copy()
+        counts.data = rng.integers(1, 9, counts.nnz).astype(float)
+        singles = ones.copy()
+        singles.data = rng.uniform(1, 2, ones.nnz).astype(np.float32).astype(float)
+        graphs = (ones, powerlaw_graph(n, seed=0), sp.csr_matrix(ones.multiply(rng.uniform(1, 2, (n, 1)))), counts,
+                  singles)
+        for A in graphs:
             _clearly_orderless(A)
             order, perm, _ = _sweep_order(A)
             for perm in (None, rng.permutation(n)):
                 P = direct(A, perm)
+                P.values = narrow(P.values)  # as the graph is sent
                 shared = _shared.write([P.indptr, P.indices, P.values], {str(tmp_path)!r})
                 for graph in ((P.indptr, P.indices, P.values), shared):
                     for descending in (False, True):

@@ -9,7 +9,7 @@ import scipy.sparse as sp
 import gdask.ml
 from gdask.ml import _pagerank, _shared
 from gdask.ml._pagerank import ORDERLESS, _clearly_orderless, _sweep_order, _worker_blocks, sweep_order
-from gdask.ml._pagerank_loop import _one_block, _rank_sweeps, direct, prepare
+from gdask.ml._pagerank_loop import _one_block, _rank_sweeps, direct, narrow, prepare
 from gdask.ml.kernels._pagerank_cpu import (
     order_estimate,
     order_share_keys,
@@ -286,16 +286,24 @@ def _graph_with_weights_and_dangling(n=3000, seed=8, weighted=True):
     return A
 
 
-@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("weights", ["ones", "counts", "float32", "float64"])
 @pytest.mark.parametrize("order", ["ascending", "descending", "in-degree"])
-def test_one_block_sweeps_are_the_gauss_seidel_sweeps_of_the_blocks(weighted, order):
+def test_one_block_sweeps_are_the_gauss_seidel_sweeps_of_the_blocks(weights, order):
     # the one-block loop (pushed over A in node order; renumbered, transposed on the worker and gathered
-    # in the in-degree order) against the blocked loop's sweeps of one block with the spread, sweep by
-    # sweep (tol 0: a fixed number of sweeps): the same iterates, to rounding
-    A = _graph_with_weights_and_dangling(weighted=weighted)
+    # in the in-degree order; weights sent in the narrowest type that holds them) against the blocked
+    # loop's sweeps of one block with the spread, sweep by sweep (tol 0: a fixed number of sweeps): the
+    # same iterates, to rounding
+    A = _graph_with_weights_and_dangling(weighted=weights != "ones")
+    if weights == "counts":
+        A.data = np.random.default_rng(1).integers(1, 256, A.nnz).astype(float)
+    elif weights == "float32":
+        A.data = A.data.astype(np.float32).astype(float)
     perm = np.random.default_rng(0).permutation(A.shape[0]) if order == "in-degree" else None
     P = direct(A, perm)
-    assert P.values.size == (A.nnz if weighted else 0)
+    P.values = narrow(P.values)
+    assert P.values.size == (0 if weights == "ones" else A.nnz)
+    assert P.values.dtype == {"ones": np.float64, "counts": np.uint8, "float32": np.float32,
+                              "float64": np.float64}[weights]
     pos = None if perm is None else np.argsort(perm)
     Q = prepare(A, pos, 1)
     for sweeps in (1, 2, 7):

@@ -28,7 +28,7 @@ from numba import njit
 
 __all__ = ["finish_sweep", "inverse_out_weights", "order_estimate", "order_share_keys", "order_shares", "push_init",
            "push_sweep", "received_weights", "scale_block", "sort_by_key", "sweep_block", "transpose_renumber",
-           "unsigned"]
+           "unsigned", "weight_kind"]
 
 
 def unsigned(a: np.ndarray) -> np.ndarray:
@@ -303,6 +303,23 @@ def finish_sweep(y, yprev, x, xprev, inv, total, prev_total, scale):  # pragma: 
         if inv[r] == 0.0:
             dangling += v
     return change, dangling
+
+
+@njit(nogil=True, cache=True)
+def weight_kind(data):  # pragma: no cover - compiled
+    """The narrowest type that holds every weight exactly: 0 for integers 0 to 255 (uint8), 1 for
+    float32, 2 for float64 (it stops at the first weight that needs float64)."""
+    small = True
+    single = True
+    for k in range(data.shape[0]):
+        v = data[k]
+        if small and not (0.0 <= v <= 255.0 and v == np.floor(v)):
+            small = False
+        if single and np.float64(np.float32(v)) != v:
+            single = False
+        if not small and not single:
+            return 2
+    return 0 if small else 1
 
 
 @njit(nogil=True, cache=True)
