@@ -508,7 +508,7 @@ def _worker_blocks(A: Any, client: Any) -> int:
 def _pagerank_workers(A: Any, *, damping: float, tol: float, max_iter: int, nblocks: int | None, client: Any,
                       return_info: bool, progress: tuple):
     """:func:`pagerank` with the sweeps on the workers (:mod:`gdask.ml._pagerank_loop`)."""
-    from gdask.ml._pagerank_loop import direct, place, prepare, run_sweeps
+    from gdask.ml._pagerank_loop import direct, discard, place, prepare, run_sweeps
 
     if nblocks is None:
         nblocks = _worker_blocks(A, client)
@@ -517,12 +517,16 @@ def _pagerank_workers(A: Any, *, damping: float, tol: float, max_iter: int, nblo
         P = direct(A, None)
         with ThreadPoolExecutor(1, thread_name_prefix="gdask-pagerank") as pool:
             placed = pool.submit(place, client, P)
-            if _clearly_orderless(A):
-                order, perm = "ascending", None
-            else:
-                order, perm, share = _sweep_order(A, DANGLING_NATURAL)
-                if share < ORDERLESS:  # no order that the rank follows: the sweeps as power iterations do
+            try:
+                if _clearly_orderless(A):
                     order, perm = "ascending", None
+                else:
+                    order, perm, share = _sweep_order(A, DANGLING_NATURAL)
+                    if share < ORDERLESS:  # no order that the rank follows: the sweeps as power iterations do
+                        order, perm = "ascending", None
+            except BaseException:
+                discard(placed)  # the files it wrote, if any: run_sweeps never took them
+                raise
             if perm is not None:
                 P.order = perm.astype(P.order.dtype)
             res = run_sweeps(client, P, damping=damping, tol=tol, max_iter=max_iter,

@@ -63,7 +63,7 @@ from gdask.ml.kernels._pagerank_cpu import (
     weight_kind,
 )
 
-__all__ = ["Direct", "Prepared", "direct", "narrow", "place", "prepare", "run_sweeps"]
+__all__ = ["Direct", "Prepared", "direct", "discard", "narrow", "place", "prepare", "run_sweeps"]
 
 logger = logging.getLogger("gdask.ml")
 
@@ -330,6 +330,18 @@ def place(client: Any, P: Prepared | Direct, same_host: bool = True) -> tuple[li
         blocks, out = client.scatter([share, P.out], workers=[addr], hash=False, direct=True)
         args.append((blocks, out))
     return peers, args
+
+
+def discard(placed: Any) -> None:
+    """Remove the files of a :func:`place` started in a thread (a ``concurrent.futures.Future``) that
+    :func:`run_sweeps` will not take: once it ended (a placement that failed left none)."""
+    try:
+        _, args = placed.result()
+    except Exception:
+        return
+    for x in (x for a in args for x in a):
+        if isinstance(x, _shared.SharedArrays):
+            _shared.remove(x)
 
 
 def run_sweeps(client: Any, P: Prepared | Direct, *, damping: float, tol: float, max_iter: int, descending: bool,

@@ -474,3 +474,20 @@ def test_order_estimate_and_clearly_orderless():
     assert not _clearly_orderless(hubs) and _sweep_order(hubs)[0] == "in-degree"
     # small graphs: the full order is cheap
     assert not _clearly_orderless(random[:1000, :1000])
+
+
+def test_an_error_while_the_order_is_chosen_leaves_no_file(client, monkeypatch, tmp_path):
+    # the graph is written for the worker while the client chooses the order: an error there (or an
+    # interrupt) removes what was written
+    import dask
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("order failed")
+
+    monkeypatch.setattr(_pagerank, "_clearly_orderless", lambda A: False)
+    monkeypatch.setattr(_pagerank, "_sweep_order", broken)
+    A = _graph_with_weights_and_dangling(n=70_000, seed=7)
+    with dask.config.set({"gdask.ml.shared-memory-dir": str(tmp_path)}):
+        with pytest.raises(RuntimeError, match="order failed"):
+            gdask.ml.pagerank(A, nblocks=1, loop="workers", client=client)
+    assert list(tmp_path.iterdir()) == []
