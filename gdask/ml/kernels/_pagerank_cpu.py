@@ -136,8 +136,10 @@ def order_estimate(indptr, indices, data, sample_bits, received):  # pragma: no 
     same every call): the first gives the links' directions and the nodes' received weight, the
     second is scored by that received weight, which its own links took no part in (scored by keys its
     links made, a sample scores its forward share far too high: 0.9 against 0.64 on random links).
-    The in-degree share is low on noisy keys: a lower bound, roughly, of the share with every link's
-    weight in the keys. ``received`` (n floats) is scratch."""
+    The keys are noisy (an eighth of each node's links): the in-degree share differs from the one
+    with whole keys by up to ~0.15 either way (0.60 against 0.72 on a preferential-attachment graph,
+    0.86 against under 0.73 on an R-MAT one); the node order's shares are close (within 0.01 on
+    every graph measured). ``received`` (n floats) is scratch."""
     n = indptr.shape[0] - 1
     mult = np.uint64(2654435761)
     mask = np.uint64(0xFFFFFFFF)
