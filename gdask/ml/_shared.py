@@ -43,7 +43,7 @@ class SharedArrays:
 
 def directory() -> str | None:
     """The directory of the files (config), or None: the transfer is off or has nowhere to go."""
-    if not bool(config.get("ml.same-host-transfer", True)):
+    if not bool(config.get("ml.same-host-transfer", True)) or not hasattr(mmap, "MAP_PRIVATE"):  # (Windows: no)
         return None
     d = config.get("ml.shared-memory-dir", None)
     d = d or "/dev/shm"
