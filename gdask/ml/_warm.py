@@ -239,6 +239,7 @@ class WarmKernels(WorkerPlugin):
         self._lock = threading.Lock()
         self._child: subprocess.Popen | None = None  # the process compiling into numba's cache
         self._closed = False
+        self.phase = "starting"  # -> "checking" numba's cache -> "loading" (or "compiling" first) -> "done"
 
     def __getstate__(self) -> dict:
         return {}
@@ -251,6 +252,7 @@ class WarmKernels(WorkerPlugin):
         backend = _numba_backend(worker)
         if backend is None:
             self.seconds, self.total = 0.0, 0
+            self.phase = "done"
             self._done.set()
             return
         if backend == "emulated":
@@ -266,8 +268,13 @@ class WarmKernels(WorkerPlugin):
     def _run(self, backend: str) -> None:
         t0 = time.perf_counter()
         try:
-            if backend == "emulated" and not _loads_from_cache():
-                self._compile_in_child()  # into numba's cache, by a child: this process's compile lock stays free
+            self.phase = "checking"
+            if backend == "cuda" or not _loads_from_cache():
+                self.phase = "compiling"
+                if backend == "emulated":
+                    self._compile_in_child()  # into numba's cache, by a child: this process's compile lock stays free
+            else:
+                self.phase = "loading"
             if not self._closed:
                 warm_kernels(backend=backend, progress=self._progress)  # loaded from that cache (or compiled)
         except Exception as e:  # noqa: BLE001 - a failed warm-up costs only time: the fit compiles then
@@ -275,6 +282,7 @@ class WarmKernels(WorkerPlugin):
             logger.warning("gdask: compiling the kernels ahead failed (%r); the first fit compiles them", e)
         finally:
             self.seconds = time.perf_counter() - t0
+            self.phase = "done"
             self._done.set()
 
     def _compile_in_child(self) -> None:
@@ -315,10 +323,19 @@ class WarmKernels(WorkerPlugin):
             child.kill()
 
     def status(self) -> dict[str, Any]:
-        """``done``, ``seconds`` (when done), ``error``, ``compiled`` kernel calls of ``total``."""
+        """``done``, ``seconds`` (when done), ``error``, ``compiled`` kernel calls of ``total``, and the
+        ``phase``: "checking" numba's cache, "loading" from it, "compiling" (not cached yet), "done"."""
         done = self._done is not None and self._done.is_set()
         return {"done": done, "seconds": self.seconds, "error": self.error, "compiled": self.compiled,
-                "total": self.total}
+                "total": self.total, "phase": self.phase}
+
+    def starting(self) -> bool:
+        """Whether the worker is still loading its kernels from numba's cache (a second or less): what
+        :class:`~gdask.LocalGPUCluster` waits for before it returns, so that the first fit's tasks do
+        not share the worker's CPU with the warm-up. A compilation (kernels not cached yet, or CUDA
+        kernels: minutes on a busy machine) is not waited for; the fit then runs beside it."""
+        return self._done is not None and not self._done.is_set() and self.phase in ("starting", "checking",
+                                                                                      "loading")
 
 
 def warm_kernels_plugin(**options: Any) -> WarmKernels | None:

@@ -302,7 +302,9 @@ def test_strict_devices_skip_the_warm_up():
     assert _numba_backend(Worker()) is None
     plugin = WarmKernels()
     plugin.setup(Worker())
-    assert plugin.status() == {"done": True, "seconds": 0.0, "error": None, "compiled": 0, "total": 0}
+    assert plugin.status() == {"done": True, "seconds": 0.0, "error": None, "compiled": 0, "total": 0,
+                               "phase": "done"}
+    assert not plugin.starting()
 
 
 def test_the_warm_up_code_sets_no_warnings_filters_or_config():
@@ -323,3 +325,70 @@ def test_the_warm_up_code_sets_no_warnings_filters_or_config():
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "set" \
                     and getattr(node.func.value, "attr", None) == "config":
                 raise AssertionError(f"{path.name}:{node.lineno}: dask.config.set")
+
+
+def test_a_new_cluster_returns_once_its_kernels_are_loaded():
+    """Kernels in numba's cache load in about half a second: LocalGPUCluster returns after that, so the
+    first fit's tasks do not share the workers' CPUs with the warm-up."""
+    from distributed import Client
+
+    from gdask import LocalGPUCluster
+    from gdask.ml._warm import _warm_status
+
+    warm_kernels()  # in numba's cache from here on: the workers load them
+    with LocalGPUCluster(n_devices=2, backend="emulated", dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        status = client.run(_warm_status)
+    assert len(status) == 2
+    assert all(s["done"] and s["phase"] == "done" and s["compiled"] == s["total"] > 0 for s in status.values())
+
+
+def test_a_warm_up_that_compiles_is_not_waited_for():
+    """Only loading from numba's cache counts as getting ready: a compilation (kernels not cached yet,
+    or CUDA kernels) can take minutes, and the fit may run beside it."""
+    plugin = WarmKernels()
+    plugin._done = threading.Event()
+    for phase, starting in (("starting", True), ("checking", True), ("loading", True), ("compiling", False)):
+        plugin.phase = phase
+        assert plugin.starting() is starting
+    plugin._done.set()
+    plugin.phase = "done"
+    assert not plugin.starting()
+
+
+def test_the_cluster_waits_for_plugins_at_most_the_configured_time(caplog):
+    """A worker plugin that never gets ready delays the cluster by config
+    gdask.timeouts.worker-plugins-ready, then the cluster goes on and says so; 0 does not wait."""
+    import logging
+    import time
+
+    from distributed import Client, WorkerPlugin
+
+    from gdask import LocalGPUCluster, config
+    from gdask._cluster import _plugins_starting
+
+    class NeverReady(WorkerPlugin):
+        name = "never-ready"
+
+        def starting(self):
+            return True
+
+    with dask.config.set({"gdask.ml.warm-kernels": False}), \
+            LocalGPUCluster(n_devices=1, backend="emulated", dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        assert list(client.run(_plugins_starting).values()) == [[]]
+        client.register_plugin(NeverReady())
+        assert list(client.run(_plugins_starting).values()) == [["never-ready"]]
+        with dask.config.set({"gdask.timeouts.worker-plugins-ready": 0.3}), \
+                caplog.at_level(logging.INFO, logger="gdask"):
+            assert config.get("timeouts.worker-plugins-ready") == 0.3
+            t0 = time.monotonic()
+            cluster._wait_for_plugins()
+            waited = time.monotonic() - t0
+        assert waited >= 0.3
+        assert "never-ready" in caplog.text and "gdask.timeouts.worker-plugins-ready" in caplog.text
+        caplog.clear()
+        with dask.config.set({"gdask.timeouts.worker-plugins-ready": 0}), \
+                caplog.at_level(logging.INFO, logger="gdask"):
+            cluster._wait_for_plugins()
+        assert "never-ready" not in caplog.text
