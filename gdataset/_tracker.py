@@ -348,7 +348,8 @@ class GTracker:
             wanted = [by_key[k] if k in by_key else self._futures[fps[k]] for k in flat]
             limit = float(config.get("timeouts.pass", 3600))
             try:
-                wait(wanted, timeout=limit)
+                with self.client.as_current():  # distributed's wait asks the current client: the tracker's
+                    wait(wanted, timeout=limit)
             except TimeoutError:
                 raise TimeoutError(f"a tracked computation (computation {now}, {len(run)} tasks to run) did not "
                                    f"finish within {limit:g} s (gdask.timeouts.pass)") from None

@@ -66,7 +66,8 @@ def run_on_workers(client: Any, func: Callable[..., Any], peers: Sequence[str], 
     try:
         while True:
             try:  # the tasks end together: this returns for the first, and waits for the others next
-                wait([f for f in futures if f.status == "pending"], timeout=poll, return_when="FIRST_COMPLETED")
+                with client.as_current():  # distributed's wait asks the current client: this one, default or not
+                    wait([f for f in futures if f.status == "pending"], timeout=poll, return_when="FIRST_COMPLETED")
             except TimeoutError:
                 pass
             except FuturesCancelledError:  # a task lost its inputs (e.g. scattered to a worker that died):

@@ -84,6 +84,17 @@ def test_static_part_executes_nothing_after_first_iteration(bclient):
     assert len(tracker) == 0  # closed: cache released
 
 
+def test_a_client_that_is_not_the_current_one(_emulated_client):
+    """incremental(client) with a client nobody made current: its computations run on that client."""
+    Xh, yh = _data(seed=2)
+    X, y = gdask.from_array(Xh, block_rows=300), gdask.from_array(yh, block_rows=300)
+    expected = _loop(X, y, 2)  # no Client: local
+    with incremental(_emulated_client) as tracker:
+        got = _loop(X, y, 2)
+    _same(got, expected)
+    assert len(tracker.history) == 2 and tracker.history[1]["reused"] > 0
+
+
 def test_update_blocks_recomputes_only_changed(bclient):
     client = bclient
     Xh, yh = _data(seed=1)
