@@ -8,7 +8,7 @@ nothing about the links). Timed regions:
 * gdask: the whole ``gdask.ml.pagerank(A, client=...)`` call (checks, sweep order, transpose, blocks
   sent to the workers, the sweeps, ranks back), on a LocalGPUCluster of ``--devices`` emulated
   devices (default loop: ``"workers"``; default ``nblocks``: one block on these sparse graphs, one rank
-  sweeping the whole graph);
+  sweeping the whole graph); and the whole call without a Client (the same sweeps in this process);
 * scipy: the power-iteration loop only (``M = A.T`` and the degrees are built before its timer), in
   this process, single-threaded SpMV (:func:`incremental.pagerank_scipy`);
 * networkx: ``networkx.pagerank`` (graphs up to ``--networkx-max-nodes``; DiGraph built untimed);
@@ -74,6 +74,25 @@ def compare(client, A, args, nblocks):
             "l1_vs_scipy": float(np.abs(r_g - r_s).sum()), "ranks": r_g}
 
 
+def here(A, args, row):
+    """``gdask.ml.pagerank(A)`` without a Client (in this process), alternating with scipy as
+    :func:`compare`: the median time, the median per-pair ratio, and whether the ranks are the
+    cluster's bits (when both ran the same number of blocks)."""
+    import gdask.ml
+    from incremental import pagerank_scipy
+
+    pairs = []
+    for _ in range(args.repeat):
+        _, info_s = pagerank_scipy(A, args.tol, 0.85)
+        t = time.perf_counter()
+        r, info = gdask.ml.pagerank(A, tol=args.tol, nblocks=args.nblocks, return_info=True)
+        pairs.append((time.perf_counter() - t, info_s["seconds"]))
+    assert info["loop"] == "local"
+    same = bool(np.array_equal(r, row["ranks"])) if info["nblocks"] == row["nblocks"] else "-"
+    return {"here_s": statistics.median(p[0] for p in pairs), "here_ratio": statistics.median(a / b for a, b in pairs),
+            "here_pairs": pairs, "here_same_bits": same}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=1_000_000)
@@ -122,6 +141,8 @@ def main(argv=None):
 
                 r_n, info_n = pagerank_networkx(A, args.tol, 0.85)
                 rows[order]["networkx_s"] = info_n["seconds"]
+    for order, A in G.items():  # no Client now: the call computes in this process
+        rows[order].update(here(A, args, rows[order]))
     if not args.no_scaling:
         with gdask.LocalGPUCluster(n_devices=1, backend="emulated", device_memory="6GiB",
                                    dashboard_address=":0") as cluster, Client(cluster) as client:
@@ -156,6 +177,8 @@ def report(rows, args, nblocks):
               f"{r.get('dask_array_s', float('nan')):>13.3f}")
         print(f"{'':<10}sweep order {r['order']}, per-sweep ms {r['sweep_ms']}, pairs (gdask, scipy) s "
               f"{[(round(a, 3), round(b, 3)) for a, b in r['pairs']]}")
+        print(f"{'':<10}without a Client (this process): {r['here_s']:.3f} s, gdask/scipy {r['here_ratio']:.2f}, "
+              f"the cluster's bits: {r['here_same_bits']}, pairs {[(round(a, 3), round(b, 3)) for a, b in r['here_pairs']]}")
 
 
 if __name__ == "__main__":

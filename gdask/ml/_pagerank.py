@@ -20,6 +20,7 @@ products that read it.
 
 from __future__ import annotations
 
+import time
 import uuid
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -390,6 +391,8 @@ def pagerank(A: Any, *, damping: float = 0.85, tol: float = 1e-6, max_iter: int 
         iteration above. ``"auto"``: ``"workers"`` for Gauss-Seidel from :data:`WORKERS_MIN_NODES`
         nodes when config ``gdask.ml.worker-loop`` is on.
     client : distributed.Client, optional
+        Default: the current one. None there: ``loop="auto"`` computes here (``info["loop"] == "local"``),
+        as the loop on one worker (the same bits for one ``nblocks``, default 1); Jacobi: power iterations.
     {job_parameters}
     verbose : int, default 0
         1: a progress bar and a summary line; 2: one line per iteration (:class:`gdask.gdataset.Progress`).
@@ -397,10 +400,9 @@ def pagerank(A: Any, *, damping: float = 0.85, tol: float = 1e-6, max_iter: int 
         ``callback(record)`` after every iteration (``iteration``, ``seconds``, ``change``,
         ``executed``, ``reused``, ``active_blocks``, ...).
     return_info : bool
-        Also return a dict with ``n_iter``, ``converged``, ``history`` (per-iteration tasks
-        executed/reused, active blocks), ``block_tasks`` (block tasks per iteration if nothing
-        were reused), ``method`` and ``order`` (the sweep order of Gauss-Seidel,
-        ``"descending"``, ``"ascending"`` or ``"in-degree"``, else ``None``).
+        Also return a dict with ``n_iter``, ``converged``, ``history`` (per-iteration tasks executed/reused,
+        active blocks), ``block_tasks`` (block tasks per iteration if nothing were reused), ``method``, ``loop``
+        and ``order`` (Gauss-Seidel's sweep order, ``"descending"``, ``"ascending"`` or ``"in-degree"``).
 
     Returns
     -------
@@ -410,13 +412,12 @@ def pagerank(A: Any, *, damping: float = 0.85, tol: float = 1e-6, max_iter: int 
     Raises
     ------
     ValueError
-        If ``A`` is not square or has negative weights, ``damping`` is not in (0, 1), ``method``
-        or ``loop`` is unknown, ``loop="workers"`` with ``method="jacobi"``, or ``inner_sweeps < 1``.
+        If ``A`` is not square or has negative weights, ``damping`` is not in (0, 1), ``method`` or ``loop``
+        is unknown (or not "auto" without a Client), ``loop="workers"`` with "jacobi", or ``inner_sweeps < 1``.
 
     Examples
     --------
-    >>> A = gdask.ml.powerlaw_graph(10_000, seed=0)          # doctest: +SKIP
-    >>> r = gdask.ml.pagerank(A, tol=1e-8)                     # doctest: +SKIP
+    >>> r = gdask.ml.pagerank(gdask.ml.powerlaw_graph(10_000, seed=0), tol=1e-8)  # doctest: +SKIP
     """
     with job_share(gpu, memory, job_name, "pagerank"):
         return _pagerank(A, damping=damping, tol=tol, max_iter=max_iter, nblocks=nblocks, method=method,
@@ -437,10 +438,21 @@ def _pagerank(A: Any, *, damping: float, tol: float, max_iter: int, nblocks: int
     if int(inner_sweeps) < 1:
         raise ValueError(f"inner_sweeps must be >= 1, got {inner_sweeps}")
     if client is None:
-        from distributed import default_client
+        from gdask.gdataset import default_client_or_none
 
-        client = default_client()
+        client = default_client_or_none()
     A = _check_adjacency(A)
+    if client is None:  # no cluster: the sweeps (or Jacobi's products) in this process
+        if loop != "auto":
+            raise ValueError(f"loop={loop!r} runs on a Dask cluster, and there is no Client: pass client=, start "
+                             "one (gdask.LocalGPUCluster and distributed.Client), or leave loop='auto' to compute "
+                             "in this process")
+        progress = (verbose, callback, max_iter)
+        if method == "jacobi":
+            return _jacobi_here(A, damping=damping, tol=tol, max_iter=max_iter, return_info=return_info,
+                                progress=progress)
+        return _pagerank_workers(A, damping=damping, tol=tol, max_iter=max_iter, nblocks=nblocks, client=None,
+                                 return_info=return_info, progress=progress)
     if _on_workers(loop, method, A.shape[0]):
         return _pagerank_workers(A, damping=damping, tol=tol, max_iter=max_iter, nblocks=nblocks, client=client,
                                  return_info=return_info, progress=(verbose, callback, max_iter))
@@ -510,16 +522,23 @@ def _worker_blocks(A: Any, client: Any) -> int:
 
 def _pagerank_workers(A: Any, *, damping: float, tol: float, max_iter: int, nblocks: int | None, client: Any,
                       return_info: bool, progress: tuple):
-    """:func:`pagerank` with the sweeps on the workers (:mod:`gdask.ml._pagerank_loop`)."""
-    from gdask.ml._pagerank_loop import direct, discard, place, prepare, run_sweeps
+    """:func:`pagerank` with the sweeps on the workers (:mod:`gdask.ml._pagerank_loop`); without a
+    client (None) the same sweeps in this process, as one rank (default one block)."""
+    from gdask.ml._pagerank_loop import direct, discard, place, prepare, run_sweeps, sweep_here
+
+    def sweeps(P: Any, descending: bool, spread: bool, placed: Any = None) -> dict:
+        if client is None:
+            return sweep_here(P, damping=damping, tol=tol, max_iter=max_iter, descending=descending, spread=spread)
+        return run_sweeps(client, P, damping=damping, tol=tol, max_iter=max_iter, descending=descending,
+                          spread=spread, placed=placed)
 
     if nblocks is None:
-        nblocks = _worker_blocks(A, client)
+        nblocks = 1 if client is None else _worker_blocks(A, client)
     if nblocks == 1:
         # one block: sweeps over A itself on one worker (no transpose here), A sent while the order is chosen
         P = direct(A, None)
         with ThreadPoolExecutor(1, thread_name_prefix="gdask-pagerank") as pool:
-            placed = pool.submit(place, client, P)
+            placed = None if client is None else pool.submit(place, client, P)
             try:
                 if _clearly_orderless(A):
                     order, perm = "ascending", None
@@ -528,13 +547,13 @@ def _pagerank_workers(A: Any, *, damping: float, tol: float, max_iter: int, nblo
                     if share < ORDERLESS:  # no order that the rank follows: the sweeps as power iterations do
                         order, perm = "ascending", None
             except BaseException:
-                discard(placed)  # the files it wrote, if any: run_sweeps never took them
+                if placed is not None:
+                    discard(placed)  # the files it wrote, if any: run_sweeps never took them
                 raise
             if perm is not None:
                 P.order = perm.astype(P.order.dtype)
-            res = run_sweeps(client, P, damping=damping, tol=tol, max_iter=max_iter,
-                             descending=order == "descending", spread=True, placed=placed)
-        return _finish_workers(res, P, order, None, progress, return_info)
+            res = sweeps(P, order == "descending", True, placed)
+        return _finish_workers(res, P, order, None, progress, return_info, client)
     # the blocks in node order are built beside the choice of the order (the kernels release the GIL),
     # kept unless the nodes are renumbered (that build is then stopped: it would hold a core, and this
     # call, 0.07 s on 3M edges); not when a second copy of the graph would crowd the memory
@@ -558,12 +577,12 @@ def _pagerank_workers(A: Any, *, damping: float, tol: float, max_iter: int, nblo
             pos[perm] = np.arange(len(perm))
             P = prepare(A, pos, nblocks)
     # between blocks updated from each other's last sweep the dangling rank's spread slows ordered graphs
-    res = run_sweeps(client, P, damping=damping, tol=tol, max_iter=max_iter, descending=order == "descending",
-                     spread=share < ORDERLESS)
-    return _finish_workers(res, P, order, pos, progress, return_info)
+    res = sweeps(P, order == "descending", share < ORDERLESS)
+    return _finish_workers(res, P, order, pos, progress, return_info, client)
 
 
-def _finish_workers(res: dict, P: Any, order: str, pos: np.ndarray | None, progress: tuple, return_info: bool):
+def _finish_workers(res: dict, P: Any, order: str, pos: np.ndarray | None, progress: tuple, return_info: bool,
+                    client: Any):
     from gdask.gdataset import Progress
 
     bar = Progress(progress[0], progress[1], total=progress[2], desc="pagerank")
@@ -576,6 +595,48 @@ def _finish_workers(res: dict, P: Any, order: str, pos: np.ndarray | None, progr
     r = y / y.sum()
     if return_info:
         return r, {"n_iter": res["n_iter"], "converged": res["converged"], "history": res["history"],
-                   "nblocks": P.nblocks, "block_tasks": P.nblocks, "method": "gauss-seidel", "order": order,
-                   "loop": "workers", "ranks": res["ranks"], "restarts": res["restarts"]}
+                   "nblocks": P.nblocks, "block_tasks": P.nblocks if client is not None else 0,
+                   "method": "gauss-seidel", "order": order, "loop": "workers" if client is not None else "local",
+                   "ranks": res["ranks"], "restarts": res["restarts"]}
+    return r
+
+
+def _jacobi_here(A: Any, *, damping: float, tol: float, max_iter: int, return_info: bool, progress: tuple):
+    """:func:`pagerank` with ``method="jacobi"`` without a Client: power iterations as SciPy products
+    in this process, ``y <- damping * (A.T @ (y / out-weights) + dangling rank / n) + (1 - damping) / n``
+    from ``y = 1 / n``, until ``y`` changes by at most ``tol * sum(y)`` (L1)."""
+    from gdask.gdataset import Progress
+
+    n = A.shape[0]
+    M = A.T.tocsr()
+    out = np.asarray(A.sum(axis=1)).ravel()
+    inv = np.zeros(n)
+    np.divide(1.0, out, out=inv, where=out > 0)
+    dangling = out == 0
+    y = np.full(n, 1.0 / n)
+    history, converged = [], False
+    bar = Progress(progress[0], progress[1], total=progress[2], desc="pagerank")
+    try:
+        for it in range(1, max_iter + 1):
+            t0 = time.perf_counter()
+            new = M @ (inv * y)
+            new += float(y[dangling].sum()) / n
+            new *= damping
+            new += (1.0 - damping) / n
+            diff, total = float(np.abs(new - y).sum()), float(new.sum())
+            y = new
+            record = {"iteration": it, "seconds": time.perf_counter() - t0, "change": diff / total,
+                      "active_blocks": int(diff > 0), "executed": 0, "reused": 0, "executed_by_prefix": {},
+                      "channel_bytes": 0}
+            history.append(record)
+            bar.update(record)
+            if diff <= tol * total:
+                converged = True
+                break
+    finally:
+        bar.close(converged=converged)
+    r = y / y.sum()
+    if return_info:
+        return r, {"n_iter": len(history), "converged": converged, "history": history, "nblocks": 1,
+                   "block_tasks": 0, "method": "jacobi", "order": None, "loop": "local"}
     return r

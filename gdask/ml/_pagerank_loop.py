@@ -63,7 +63,8 @@ from gdask.ml.kernels._pagerank_cpu import (
     weight_kind,
 )
 
-__all__ = ["Direct", "Prepared", "direct", "discard", "narrow", "place", "prepare", "run_sweeps"]
+__all__ = ["Direct", "OneRank", "Prepared", "direct", "discard", "narrow", "place", "prepare", "run_sweeps",
+           "sweep_here"]
 
 logger = logging.getLogger("gdask.ml")
 
@@ -342,6 +343,31 @@ def discard(placed: Any) -> None:
     for x in (x for a in args for x in a):
         if isinstance(x, _shared.SharedArrays):
             _shared.remove(x)
+
+
+class OneRank:
+    """The communicator of a loop with one rank, every block in this process (no Client)."""
+
+    rank, size = 0, 1
+
+    def allgather(self, value: Any) -> list[Any]:
+        return [value]
+
+
+def sweep_here(P: Prepared | Direct, *, damping: float, tol: float, max_iter: int, descending: bool,
+               spread: bool = False) -> dict:
+    """The sweeps of :func:`run_sweeps` in this process, as one rank (:class:`OneRank`): the same
+    bits as the loop on the workers for the same blocks; its result dict (``ranks`` 1, no restarts)."""
+    if isinstance(P, Direct):  # one block, spread
+        P.values = narrow(P.values)
+        out = _one_block(OneRank(), (P.indptr, P.indices, P.values), P.order, damping, tol, max_iter, descending)
+    else:
+        out = _rank_sweeps(OneRank(), [P.block(b) for b in range(P.nblocks)], P.out, P.bounds, damping, tol,
+                           max_iter, descending, spread)
+    out["restarts"], out["ranks"] = 0, 1
+    for record in out["history"]:  # the fields of the graph loop's records: no task ran, nothing was sent
+        record.update(executed=0, reused=0, executed_by_prefix={}, channel_bytes=0)
+    return out
 
 
 def run_sweeps(client: Any, P: Prepared | Direct, *, damping: float, tol: float, max_iter: int, descending: bool,

@@ -92,15 +92,6 @@ def _calls(x: Any, host: np.ndarray) -> list[Callable[[], Any]]:
     return [lambda: km.assign(x, c), init_round, *calls]
 
 
-class _OneRank:
-    """The communicator of a PageRank loop with one rank (every block in this process)."""
-
-    rank, size = 0, 1
-
-    def allgather(self, value: Any) -> list[Any]:
-        return [value]
-
-
 def _pagerank_calls() -> list[Callable[[], Any]]:
     """PageRank's kernels (:func:`gdask.ml.pagerank` on the workers), each case numba compiles: the
     sweep order's (on the client: sampled and in full), the transpose and the sweeps with weights all
@@ -109,7 +100,7 @@ def _pagerank_calls() -> list[Callable[[], Any]]:
     import scipy.sparse as sp
 
     from gdask.ml._pagerank import _sweep_order
-    from gdask.ml._pagerank_loop import _one_block, _rank_sweeps, direct, narrow, prepare
+    from gdask.ml._pagerank_loop import OneRank, _one_block, _rank_sweeps, direct, narrow, prepare
     from gdask.ml.kernels._pagerank_cpu import order_estimate, sort_by_key, unsigned
 
     rng = np.random.default_rng(0)
@@ -122,13 +113,13 @@ def _pagerank_calls() -> list[Callable[[], Any]]:
 
     def sweeps(A: Any, renumber: bool, nblocks: int) -> None:
         P = prepare(A, pos if renumber else None, nblocks)
-        _rank_sweeps(_OneRank(), [P.block(b) for b in range(P.nblocks)], P.out, P.bounds, 0.85, 1e-3, 3,
+        _rank_sweeps(OneRank(), [P.block(b) for b in range(P.nblocks)], P.out, P.bounds, 0.85, 1e-3, 3,
                      descending=renumber, spread=nblocks == 1)
 
     def one_block(A: Any, order: str) -> None:
         P = direct(A, pos if order == "in-degree" else None)
         P.values = narrow(P.values)
-        _one_block(_OneRank(), (P.indptr, P.indices, P.values), P.order, 0.85, 1e-3, 3, order == "descending")
+        _one_block(OneRank(), (P.indptr, P.indices, P.values), P.order, 0.85, 1e-3, 3, order == "descending")
 
     calls: list[Callable[[], Any]] = [
         lambda: _sweep_order(graphs[1]),

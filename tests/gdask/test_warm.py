@@ -89,7 +89,7 @@ def test_the_warm_up_compiles_every_kernel_pagerank_runs(tmp_path):
         from gdask.ml import powerlaw_graph
         from gdask.ml._pagerank import _clearly_orderless, _sweep_order
         from gdask.ml._pagerank_loop import _one_block, _rank_sweeps, direct, narrow, prepare
-        from gdask.ml._warm import _OneRank
+        from gdask.ml._pagerank_loop import OneRank as _OneRank
 
         warm_kernels()
         warmed = signatures()

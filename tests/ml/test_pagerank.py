@@ -161,3 +161,41 @@ def test_pagerank_errors(client):
         gdask.ml.pagerank(sp.eye(3, format="csr"), method="power", client=client)
     with pytest.raises(ValueError, match="inner_sweeps"):
         gdask.ml.pagerank(sp.eye(3, format="csr"), inner_sweeps=0, client=client)
+
+
+# -- without a Client: the sweeps in this process ---------------------------------------------------------
+def test_no_client_matches_the_reference_and_says_where_it_ran():
+    from gdask.gdataset import default_client_or_none
+
+    assert default_client_or_none() is None  # no cluster here: none given, none current
+    A = gdask.ml.powerlaw_graph(3_000, avg_degree=5, seed=11, p_back=0.05)
+    w = A.copy()
+    w.data = np.random.default_rng(1).uniform(0.5, 3.0, w.nnz)  # weighted links too
+    for G in (A, w):
+        ref = reference_pagerank(G)
+        for method in ("gauss-seidel", "jacobi"):
+            records = []
+            r, info = gdask.ml.pagerank(G, tol=1e-10, method=method, return_info=True, callback=records.append)
+            assert info["loop"] == "local" and info["method"] == method and info["converged"]
+            assert np.abs(r - ref).sum() < 1e-8 and r.sum() == pytest.approx(1.0)
+            assert [x["iteration"] for x in records] == list(range(1, info["n_iter"] + 1))
+            assert all(x["executed"] == 0 for x in info["history"])  # no task ran
+
+
+@pytest.mark.parametrize("nblocks", [1, 3])
+def test_no_client_has_the_bits_of_the_loop_on_the_workers(_emulated_client, nblocks):
+    """The cluster's client is passed, not current: the call without one sweeps in this process."""
+    A = gdask.ml.powerlaw_graph(5_000, avg_degree=6, seed=5, p_back=0.1)
+    on_workers, info_w = gdask.ml.pagerank(A, tol=1e-9, nblocks=nblocks, loop="workers", return_info=True,
+                                           client=_emulated_client)
+    here, info_h = gdask.ml.pagerank(A, tol=1e-9, nblocks=nblocks, return_info=True)
+    assert info_w["loop"] == "workers" and info_h["loop"] == "local"
+    assert info_h["n_iter"] == info_w["n_iter"] and info_h["order"] == info_w["order"]
+    np.testing.assert_array_equal(here, on_workers)
+
+
+def test_no_client_refuses_a_cluster_loop():
+    A = sp.eye(4, format="csr")
+    for loop in ("graph", "workers"):
+        with pytest.raises(ValueError, match="no Client"):
+            gdask.ml.pagerank(A, loop=loop)
