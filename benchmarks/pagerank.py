@@ -78,8 +78,9 @@ def here(A, args, row):
     """``gdask.ml.pagerank(A)`` without a Client (in this process), alternating with scipy as
     :func:`compare`: the median time, the median per-pair ratio, and whether the ranks are the
     cluster's bits (when both ran the same number of blocks)."""
-    import gdask.ml
     from incremental import pagerank_scipy
+
+    import gdask.ml
 
     pairs = []
     for _ in range(args.repeat):
