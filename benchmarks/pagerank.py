@@ -178,8 +178,9 @@ def report(rows, args, nblocks):
               f"{r.get('dask_array_s', float('nan')):>13.3f}")
         print(f"{'':<10}sweep order {r['order']}, per-sweep ms {r['sweep_ms']}, pairs (gdask, scipy) s "
               f"{[(round(a, 3), round(b, 3)) for a, b in r['pairs']]}")
+        here_pairs = [(round(a, 3), round(b, 3)) for a, b in r["here_pairs"]]
         print(f"{'':<10}without a Client (this process): {r['here_s']:.3f} s, gdask/scipy {r['here_ratio']:.2f}, "
-              f"the cluster's bits: {r['here_same_bits']}, pairs {[(round(a, 3), round(b, 3)) for a, b in r['here_pairs']]}")
+              f"the cluster's bits: {r['here_same_bits']}, pairs {here_pairs}")
 
 
 if __name__ == "__main__":
