@@ -163,6 +163,14 @@ def _check_adjacency(A: Any):
     return A
 
 
+def _out_weights(A: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Each node's out-weight (row sum of ``A``) and its inverse (0 for dangling nodes)."""
+    out = np.asarray(A.sum(axis=1)).ravel()
+    inv = np.zeros(A.shape[0])
+    np.divide(1.0, out, out=inv, where=out > 0)
+    return out, inv
+
+
 def blocked_graph(A: Any, nblocks: int | None = None, client: Any = None) -> BlockedGraph:
     """Split adjacency ``A`` (``A[i, j]`` = weight of edge ``i -> j``) into blocks on the cluster."""
     if client is None:
@@ -175,9 +183,7 @@ def blocked_graph(A: Any, nblocks: int | None = None, client: Any = None) -> Blo
         nblocks = int(min(16, max(2, n // 65536)))
     nblocks = int(max(1, min(nblocks, n)))
     bounds = np.linspace(0, n, nblocks + 1).astype(np.int64)
-    out = np.asarray(A.sum(axis=1)).ravel()
-    inv = np.zeros(n)
-    np.divide(1.0, out, out=inv, where=out > 0)
+    _, inv = _out_weights(A)
     M = A.T.tocsr()
     parts = []
     for i in range(nblocks):
@@ -609,9 +615,7 @@ def _jacobi_here(A: Any, *, damping: float, tol: float, max_iter: int, return_in
 
     n = A.shape[0]
     M = A.T.tocsr()
-    out = np.asarray(A.sum(axis=1)).ravel()
-    inv = np.zeros(n)
-    np.divide(1.0, out, out=inv, where=out > 0)
+    out, inv = _out_weights(A)
     dangling = out == 0
     y = np.full(n, 1.0 / n)
     history, converged = [], False

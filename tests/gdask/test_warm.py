@@ -89,7 +89,7 @@ def test_the_warm_up_compiles_every_kernel_pagerank_runs(tmp_path):
         from gdask.ml import powerlaw_graph
         from gdask.ml._pagerank import _clearly_orderless, _sweep_order
         from gdask.ml._pagerank_loop import _one_block, _rank_sweeps, direct, narrow, prepare
-        from gdask.ml._pagerank_loop import OneRank as _OneRank
+        from gdask.ml._pagerank_loop import OneRank
 
         warm_kernels()
         warmed = signatures()
@@ -112,10 +112,10 @@ def test_the_warm_up_compiles_every_kernel_pagerank_runs(tmp_path):
                 shared = _shared.write([P.indptr, P.indices, P.values], {str(tmp_path)!r})
                 for graph in ((P.indptr, P.indices, P.values), shared):
                     for descending in (False, True):
-                        _one_block(_OneRank(), graph, P.order, 0.85, 1e-4, 3, descending and perm is None)
+                        _one_block(OneRank(), graph, P.order, 0.85, 1e-4, 3, descending and perm is None)
                 _shared.remove(shared)
                 Q = prepare(A, None if perm is None else np.argsort(perm), 2)
-                _rank_sweeps(_OneRank(), [Q.block(b) for b in range(2)], Q.out, Q.bounds, 0.85, 1e-4, 3, False)
+                _rank_sweeps(OneRank(), [Q.block(b) for b in range(2)], Q.out, Q.bounds, 0.85, 1e-4, 3, False)
         print(json.dumps({{"warmed": warmed, "after": signatures()}}))
     """), env={"NUMBA_ENABLE_CUDASIM": "0"})
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -9,7 +9,7 @@ import scipy.sparse as sp
 import gdask.ml
 from gdask.ml import _pagerank, _shared
 from gdask.ml._pagerank import ORDERLESS, _clearly_orderless, _sweep_order, _worker_blocks, sweep_order
-from gdask.ml._pagerank_loop import _one_block, _rank_sweeps, direct, narrow, prepare
+from gdask.ml._pagerank_loop import OneRank, _one_block, _rank_sweeps, direct, narrow, prepare
 from gdask.ml.kernels._pagerank_cpu import (
     order_estimate,
     order_share_keys,
@@ -18,15 +18,6 @@ from gdask.ml.kernels._pagerank_cpu import (
     unsigned,
 )
 from tests.ml.test_pagerank import reference_pagerank
-
-
-class OneRank:
-    """The communicator of a loop with one rank (every block in this process)."""
-
-    rank, size = 0, 1
-
-    def allgather(self, value):
-        return [value]
 
 
 def _shuffled(A, seed):
