@@ -147,6 +147,38 @@ def default_fits(G, X, k, repeat):
     return out
 
 
+def fresh_cluster_fits(X, k, repeat, devices, backend):
+    """A script's first ``KMeans(k).fit(X)`` on a NumPy ``X`` right after it started its cluster (the rows
+    travel to the workers inside the fit), with the blocks sent through shared memory (config
+    ``gdask.gdataset.same-host-transfer``, the default) and through the scheduler in the graph, a new
+    cluster for each fit, and scikit-learn's fit in turn: ``[(seed, shared-memory s, graph s, sklearn s,
+    gdask inertia, sklearn inertia)]``."""
+    import dask
+    from distributed import Client
+    from sklearn.cluster import KMeans as SK
+
+    import gdask
+    from gdask.ml import KMeans
+
+    out = []
+    for seed in range(repeat):
+        times, inertia = {}, None
+        for shared in (True, False):
+            with dask.config.set({"gdask.gdataset.same-host-transfer": shared}), \
+                    gdask.LocalGPUCluster(n_devices=devices, backend=backend, dashboard_address=":0") as cluster, \
+                    Client(cluster):
+                t = time.perf_counter()
+                g = KMeans(k, random_state=seed).fit(X)
+                times[shared] = time.perf_counter() - t
+                inertia = float(g.inertia_)
+        with _common.all_cores():
+            t = time.perf_counter()
+            s = SK(k, random_state=seed).fit(X)
+            ts = time.perf_counter() - t
+        out.append((seed, times[True], times[False], ts, inertia, float(s.inertia_)))
+    return out
+
+
 def run_dask_ml(X, init, iters, repeat):
     import dask.array as da
     from dask_ml.cluster import KMeans
@@ -210,6 +242,9 @@ def main(argv=None):
     p.add_argument("--default-fits", type=int, default=2,
                    help="whole fits with default parameters (k-means|| / k-means++, tol 1e-4), gdask and "
                         "scikit-learn in turn (0: none)")
+    p.add_argument("--fresh-cluster-fits", type=int, default=0,
+                   help="first fits of the NumPy array on a freshly started cluster (the transfer included), "
+                        "blocks through shared memory and through the scheduler, scikit-learn in turn (0: none)")
     a = p.parse_args(argv)
     n = a.rows or (2_000_000 if a.backend == "emulated" else 50_000_000)
     X, init = make_data(n, a.features, a.clusters, kind=a.data)
@@ -246,6 +281,9 @@ def main(argv=None):
         if "dask-array" not in a.skip:
             results["dask.array loop"] = run_dask_array(X, init, a.iterations, a.repeat)
         ndev = len(cluster.device_specs)
+    fresh = []
+    if a.fresh_cluster_fits and "sklearn" not in a.skip:
+        fresh = fresh_cluster_fits(X, a.clusters, a.fresh_cluster_fits, a.devices, a.backend)
     ref_name = "scikit-learn" if "scikit-learn" in results else "gdask"
     ref_t, ref_c, _ = results[ref_name]
     print(f"\nK-means {n:,} x {a.features} float32 ({a.data}), K={a.clusters}, {a.iterations} iterations (tol=0), "
@@ -272,6 +310,13 @@ def main(argv=None):
               f"{'ratio':>8}")
         for seed, tg, ig, eg, ts, is_, es in defaults:
             print(f"{seed:>4}{tg:>10.3f}{ig:>7}{eg:>14.6g}{ts:>11.3f}{is_:>7}{es:>14.6g}{tg / ts:>8.3f}")
+    if fresh:
+        print("\nfirst fit of the NumPy array on a freshly started cluster, default parameters (the rows travel "
+              "inside the fit; a new cluster per fit; in turn):")
+        print(f"{'seed':>4}{'shared memory s':>17}{'graph s':>9}{'sklearn s':>11}{'ratio':>8}{'ratio (graph)':>15}"
+              f"{'gdask inertia':>15}{'sklearn inertia':>17}")
+        for seed, tm, tg, ts, eg, es in fresh:
+            print(f"{seed:>4}{tm:>17.3f}{tg:>9.3f}{ts:>11.3f}{tm / ts:>8.3f}{tg / ts:>15.3f}{eg:>15.6g}{es:>17.6g}")
     bytes_pass = X.nbytes
     print(f"one pass over X reads {bytes_pass / 1e6:.0f} MB; at gdask's time that is "
           f"{bytes_pass / results['gdask'][0] / 1e9:.2f} GB/s")
@@ -289,7 +334,9 @@ def main(argv=None):
                        "gdask_loop_ms_per_iter": gdask_loop * 1e3,
                        "read_bandwidth_gb_s": None if bw is None else bw / 1e9, "results": rows, "data": a.data,
                        "default_fits": [dict(zip(("seed", "gdask_s", "gdask_iter", "gdask_inertia", "sklearn_s",
-                                                  "sklearn_iter", "sklearn_inertia"), r)) for r in defaults]},
+                                                  "sklearn_iter", "sklearn_inertia"), r)) for r in defaults],
+                       "fresh_cluster_fits": [dict(zip(("seed", "gdask_s", "gdask_graph_s", "sklearn_s",
+                                                        "gdask_inertia", "sklearn_inertia"), r)) for r in fresh]},
                       f, indent=2)
 
 

@@ -84,6 +84,12 @@ def run_sync(client: Any, func: Any, *args: Any, timeout: float, **kwargs: Any) 
     return client.sync(client._run, func, *args, callback_timeout=timeout, **kwargs)
 
 
+def run_on_scheduler_sync(client: Any, func: Any, *args: Any, timeout: float, **kwargs: Any) -> Any:
+    """``client.run_on_scheduler(func, *args, **kwargs)``, giving up after ``timeout`` seconds
+    (``TimeoutError``)."""
+    return client.sync(client._run_on_scheduler, func, *args, callback_timeout=timeout, **kwargs)
+
+
 async def wait_for_signals() -> int:
     """Wait for SIGINT or SIGTERM (as ``dask worker`` does) and return the signal's number."""
     from distributed._signals import wait_for_signals as wait

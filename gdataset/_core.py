@@ -20,7 +20,7 @@ from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from dask.task_spec import Alias, DataNode, Task, TaskRef
 
 from gdask import protocol
-from gdask.gdataset import _blocks, _ops, _output, _seq
+from gdask.gdataset import _blocks, _ops, _output, _same_host, _seq
 from gdask.gdataset._repr import gdataset_html
 from gdask.gdataset.locality import block_places
 from gdask.scheduling import job_salt
@@ -250,7 +250,8 @@ class GDataSet(DaskMethodsMixin):
         advice (load the data with Dask, or scatter it) is what this call does."""
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
-            return super().persist(**kwargs)
+            shared = _same_host.persist(self, kwargs)  # on one host: the blocks through shared memory
+            return shared if shared is not None else super().persist(**kwargs)
 
     def _rebuild(self, dsk, *, rename: dict | None = None) -> GDataSet:
         name = rename.get(self.name, self.name) if rename else self.name

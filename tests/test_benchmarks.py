@@ -27,7 +27,7 @@ BENCH = ROOT / "benchmarks"
 
 CASES = {
     "kmeans": ["--rows", "20000", "--features", "8", "--clusters", "4", "--iterations", "3", "--repeat", "1",
-               "--skip", "dask-ml", "dask-array", "sklearn-elkan"],
+               "--skip", "dask-ml", "dask-array", "sklearn-elkan", "--fresh-cluster-fits", "1"],
     "logistic": ["--rows", "20000", "--features", "8", "--repeat", "1", "--skip", "dask-ml"],
     "load_balance": ["--rows", "16000", "--block-rows", "2000", "--iterations", "2", "--row-cost", "1e-6"],
     "overhead": ["--tasks", "40", "--blocks", "8", "--block-rows", "100", "--repeats", "1"],
@@ -119,6 +119,9 @@ def _check_kmeans(d):
     assert len(fits) == 2 and all(f["gdask_s"] > 0 and f["sklearn_s"] > 0 for f in fits)
     for f in fits:  # both converge to a clustering about as good (the 4 clusters of the data)
         assert f["gdask_inertia"] <= 1.05 * f["sklearn_inertia"], f
+    fresh = d["fresh_cluster_fits"]  # first fits on a fresh cluster, both transfers, and scikit-learn's
+    assert len(fresh) == 1 and all(fresh[0][k] > 0 for k in ("gdask_s", "gdask_graph_s", "sklearn_s"))
+    assert fresh[0]["gdask_inertia"] <= 1.05 * fresh[0]["sklearn_inertia"], fresh
 
 
 def _check_incremental(d):

@@ -32,11 +32,12 @@ PACKAGES = {
 }
 #: modules of the gdask folder that are the lowest layer (imported by every package)
 RUNTIME_MODULES = {"gdask.config", "gdask.protocol", "gdask.devices", "gdask._errors", "gdask._devices",
-                   "gdask._compat"}
+                   "gdask._compat", "gdask._shm"}
 RUNTIME_FILES = {"gdask/__init__.py", "gdask/config.py", "gdask/protocol.py", "gdask/devices.py", "gdask/_errors.py",
-                 "gdask/_compat.py"}
-#: private runtime modules every package may import: the one home of distributed's private API
-SHARED_PRIVATE = {"gdask._compat"}
+                 "gdask/_compat.py", "gdask/_shm.py"}
+#: private runtime modules every package may import: the one home of distributed's private API, and the
+#: files in shared memory that hand arrays to workers on the client's host
+SHARED_PRIVATE = {"gdask._compat", "gdask._shm"}
 
 
 def _package_of_file(path: pathlib.Path) -> str:

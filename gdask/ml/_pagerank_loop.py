@@ -28,7 +28,7 @@ each node pushes its new value to its destinations' accumulators (:func:`push_sw
 gathers on graphs whose links spread over the nodes, and the transpose, 3 to 10 sweeps' time on them,
 is saved); in the in-degree order the worker renumbers and transposes ``A`` itself and the sweeps
 gather (the hubs' accumulators would queue the pushes). To a worker on the client's host the graph,
-the order and the ranks go through a file in shared memory (:mod:`gdask.ml._shared`).
+the order and the ranks go through a file in shared memory (:mod:`gdask._shm`).
 
 A worker lost (or a loop that could not start) ends the attempt with
 :class:`~gdask.gdataset.collective.CollectiveError`: the blocks are sent again to the workers there
@@ -47,10 +47,9 @@ from typing import Any
 import numpy as np
 from distributed import Future
 
-from gdask import config
+from gdask import _shm, config
 from gdask._compat import scheduler_workers
 from gdask.gdataset.collective import CollectiveError, run_on_workers
-from gdask.ml import _shared
 from gdask.ml.kernels._pagerank_cpu import (
     finish_sweep,
     inverse_out_weights,
@@ -179,13 +178,13 @@ def _one_block(comm: Any, graph: Any, order: Any, damping: float, tol: float, ma
     ranks ``y / total``: it is bounded by ``(sum |y - y_last| + |total - total_last|) / total`` from
     the sweep's own sums (stricter than the change itself, by at most a factor of 2).
 
-    ``graph`` and ``order`` may come as :class:`~gdask.ml._shared.SharedArrays`; then the ranks go
+    ``graph`` and ``order`` may come as :class:`~gdask._shm.SharedArrays`; then the ranks go
     back through the file ``y_file`` (the result holds ``"y": None``), or, when the files are not
     on this worker's host, the result is ``{"unshared": True}``."""
-    if isinstance(graph, _shared.SharedArrays):
-        graph = _shared.read(graph)
-        if isinstance(order, _shared.SharedArrays):
-            order, = _shared.read(order) or [None]
+    if isinstance(graph, _shm.SharedArrays):
+        graph = _shm.read(graph)
+        if isinstance(order, _shm.SharedArrays):
+            order, = _shm.read(order) or [None]
         if graph is None or order is None:
             return {"unshared": True}
     indptr, indices, values = graph
@@ -233,7 +232,7 @@ def _one_block(comm: Any, graph: Any, order: Any, damping: float, tol: float, ma
     y *= 1.0 / last
     if pos is not None:
         y = y[pos]
-    if y_file is not None and _shared.write_out(y_file, y):
+    if y_file is not None and _shm.write_out(y_file, y):
         y = None
     return {"y": y, "n_iter": it, "converged": converged, "history": history}
 
@@ -303,7 +302,7 @@ def _rank_sweeps(comm: Any, blocks: list, out: np.ndarray, bounds: np.ndarray, d
 def place(client: Any, P: Prepared | Direct, same_host: bool = True) -> tuple[list[str], list[tuple]]:
     """Send each worker its contiguous share of the blocks and the out-weights (a :class:`Direct`
     graph: the graph to one worker, through shared memory when it is on this host and
-    ``same_host``: :mod:`gdask.ml._shared`; its order goes with the sweeps, and may be set after
+    ``same_host``: :mod:`gdask._shm`; its order goes with the sweeps, and may be set after
     this); (peers, args), for :func:`run_sweeps` (``placed``)."""
     info = scheduler_workers(client)
     workers = sorted(info)
@@ -319,8 +318,8 @@ def place(client: Any, P: Prepared | Direct, same_host: bool = True) -> tuple[li
     if isinstance(P, Direct):
         P.values = narrow(P.values)
         arrays = (P.indptr, P.indices, P.values)
-        where = _shared.directory() if same_host and _shared.on_this_host(workers[0], info.get(workers[0])) else None
-        graph = _shared.write(list(arrays), where) if where else None
+        where = _shm.directory() if same_host and _shm.on_this_host(workers[0], info.get(workers[0])) else None
+        graph = _shm.write(list(arrays), where) if where else None
         if graph is None:
             graph = client.scatter(arrays, workers=[workers[0]], hash=False, direct=True)
         return workers[:1], [(graph,)]
@@ -341,8 +340,8 @@ def discard(placed: Any) -> None:
     except Exception:
         return
     for x in (x for a in args for x in a):
-        if isinstance(x, _shared.SharedArrays):
-            _shared.remove(x)
+        if isinstance(x, _shm.SharedArrays):
+            _shm.remove(x)
 
 
 class OneRank:
@@ -390,10 +389,10 @@ def run_sweeps(client: Any, P: Prepared | Direct, *, damping: float, tol: float,
             if isinstance(P, Direct):  # one block, spread
                 (graph,), = args
                 order: Any = P.order
-                if isinstance(graph, _shared.SharedArrays):  # the order and the ranks through shared memory too
+                if isinstance(graph, _shm.SharedArrays):  # the order and the ranks through shared memory too
                     where = os.path.dirname(graph.path)
-                    order = (_shared.write([P.order], where) if P.order.size else None) or P.order
-                    y_file = _shared.out_file(where)
+                    order = (_shm.write([P.order], where) if P.order.size else None) or P.order
+                    y_file = _shm.out_file(where)
                 if isinstance(order, np.ndarray) and order.size >= 2 ** 16:
                     order = client.scatter(P.order, workers=peers, hash=False, direct=True)
                 args = [(graph, order)]
@@ -406,7 +405,7 @@ def run_sweeps(client: Any, P: Prepared | Direct, *, damping: float, tol: float,
                 same_host = False
                 continue
             if res[0]["y"] is None:
-                res[0]["y"] = _shared.read_out(y_file, np.float64, P.n)
+                res[0]["y"] = _shm.read_out(y_file, np.float64, P.n)
         except (CollectiveError, OSError) as e:  # OSError: a worker gone while its blocks were sent
             if restarts >= max_restarts:
                 raise
@@ -416,8 +415,8 @@ def run_sweeps(client: Any, P: Prepared | Direct, *, damping: float, tol: float,
             continue
         finally:
             client.cancel([f for a in args for f in a if isinstance(f, Future)])
-            for f in [y_file, *(x for a in args for x in a if isinstance(x, _shared.SharedArrays))]:
-                _shared.remove(f)
+            for f in [y_file, *(x for a in args for x in a if isinstance(x, _shm.SharedArrays))]:
+                _shm.remove(f)
         out = res[0]
         out["restarts"] = restarts
         out["ranks"] = len(peers)

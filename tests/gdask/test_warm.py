@@ -85,7 +85,7 @@ def test_the_warm_up_compiles_every_kernel_pagerank_runs(tmp_path):
         import numpy as np
         import scipy.sparse as sp
         from gdask.ml import warm_kernels
-        from gdask.ml import _shared
+        from gdask import _shm
         from gdask.ml import powerlaw_graph
         from gdask.ml._pagerank import _clearly_orderless, _sweep_order
         from gdask.ml._pagerank_loop import _one_block, _rank_sweeps, direct, narrow, prepare
@@ -109,11 +109,11 @@ def test_the_warm_up_compiles_every_kernel_pagerank_runs(tmp_path):
             for perm in (None, rng.permutation(n)):
                 P = direct(A, perm)
                 P.values = narrow(P.values)  # as the graph is sent
-                shared = _shared.write([P.indptr, P.indices, P.values], {str(tmp_path)!r})
+                shared = _shm.write([P.indptr, P.indices, P.values], {str(tmp_path)!r})
                 for graph in ((P.indptr, P.indices, P.values), shared):
                     for descending in (False, True):
                         _one_block(OneRank(), graph, P.order, 0.85, 1e-4, 3, descending and perm is None)
-                _shared.remove(shared)
+                _shm.remove(shared)
                 Q = prepare(A, None if perm is None else np.argsort(perm), 2)
                 _rank_sweeps(OneRank(), [Q.block(b) for b in range(2)], Q.out, Q.bounds, 0.85, 1e-4, 3, False)
         print(json.dumps({{"warmed": warmed, "after": signatures()}}))

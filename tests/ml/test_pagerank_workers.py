@@ -7,7 +7,8 @@ import pytest
 import scipy.sparse as sp
 
 import gdask.ml
-from gdask.ml import _pagerank, _shared
+from gdask import _shm
+from gdask.ml import _pagerank
 from gdask.ml._pagerank import ORDERLESS, _clearly_orderless, _sweep_order, _worker_blocks, sweep_order
 from gdask.ml._pagerank_loop import OneRank, _one_block, _rank_sweeps, direct, narrow, prepare
 from gdask.ml.kernels._pagerank_cpu import (
@@ -248,7 +249,7 @@ def test_a_failed_loop_runs_again_to_the_same_bits(client, monkeypatch, tmp_path
     import gdask.ml._pagerank_loop as loop
     from gdask.gdataset.collective import CollectiveError
 
-    monkeypatch.setitem(dask.config.config["gdask"]["ml"], "shared-memory-dir", str(tmp_path))
+    monkeypatch.setitem(dask.config.config["gdask"], "shared-memory-dir", str(tmp_path))
     A = _shuffled(gdask.ml.powerlaw_graph(3000, avg_degree=5, seed=6), 4)
     ref = gdask.ml.pagerank(A, tol=1e-9, nblocks=nblocks, loop="workers", client=client)
     real, calls = loop.run_on_workers, []
@@ -348,9 +349,9 @@ def test_one_block_through_shared_memory_or_the_socket_the_same_bits(client, tmp
     A = _shuffled(_graph_with_weights_and_dangling(n=70_000, seed=5), 3)
     with dask.config.set({"gdask.ml.same-host-transfer": False}):
         ref = gdask.ml.pagerank(A, tol=1e-9, nblocks=1, loop="workers", client=client)
-    with dask.config.set({"gdask.ml.same-host-transfer": same_host, "gdask.ml.shared-memory-dir": str(tmp_path)}):
+    with dask.config.set({"gdask.ml.same-host-transfer": same_host, "gdask.shared-memory-dir": str(tmp_path)}):
         written = []
-        real = _shared.write
+        real = _shm.write
 
         def spy(arrays, where):
             out = real(arrays, where)
@@ -359,14 +360,14 @@ def test_one_block_through_shared_memory_or_the_socket_the_same_bits(client, tmp
 
         import gdask.ml._pagerank_loop as loop
 
-        loop._shared.write, saved = spy, loop._shared.write
+        loop._shm.write, saved = spy, loop._shm.write
         try:
             r, info = gdask.ml.pagerank(A, tol=1e-9, nblocks=1, loop="workers", return_info=True, client=client)
         finally:
-            loop._shared.write = saved
+            loop._shm.write = saved
     np.testing.assert_array_equal(r, ref)
     assert info["order"] == "in-degree"
-    assert len(written) == (2 if same_host else 0) and all(isinstance(w, _shared.SharedArrays) for w in written)
+    assert len(written) == (2 if same_host else 0) and all(isinstance(w, _shm.SharedArrays) for w in written)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -380,7 +381,7 @@ def test_one_block_falls_back_to_the_socket_when_the_worker_sees_no_file(client,
     A = _graph_with_weights_and_dangling(n=70_000, seed=6)
     with dask.config.set({"gdask.ml.same-host-transfer": False}):
         ref = gdask.ml.pagerank(A, tol=1e-9, nblocks=1, loop="workers", client=client)
-    real = _shared.write
+    real = _shm.write
 
     def elsewhere(arrays, where):  # written where no worker looks
         out = real(arrays, where)
@@ -389,11 +390,11 @@ def test_one_block_falls_back_to_the_socket_when_the_worker_sees_no_file(client,
 
         os.rename(out.path, moved)
         seen.append(moved)
-        return _shared.SharedArrays(out.path, out.specs)
+        return _shm.SharedArrays(out.path, out.specs)
 
     seen = []
-    monkeypatch.setattr(loop._shared, "write", elsewhere)
-    with dask.config.set({"gdask.ml.shared-memory-dir": str(tmp_path)}):
+    monkeypatch.setattr(loop._shm, "write", elsewhere)
+    with dask.config.set({"gdask.shared-memory-dir": str(tmp_path)}):
         r, info = gdask.ml.pagerank(A, tol=1e-9, nblocks=1, loop="workers", return_info=True, client=client)
     np.testing.assert_array_equal(r, ref)
     assert len(seen) == 1 and info["restarts"] == 0
@@ -406,41 +407,41 @@ def test_one_block_falls_back_to_the_socket_when_the_worker_sees_no_file(client,
 
 def test_shared_arrays_round_trip_and_refusals(tmp_path, monkeypatch):
     arrays = [np.arange(10, dtype=np.uint32), np.empty(0), np.linspace(0, 1, 7), np.arange(3, dtype=np.int64)]
-    sa = _shared.write(arrays, str(tmp_path))
-    got = _shared.read(sa)
+    sa = _shm.write(arrays, str(tmp_path))
+    got = _shm.read(sa)
     assert [g.dtype for g in got] == [a.dtype for a in arrays]
     for g, a in zip(got, arrays):
         np.testing.assert_array_equal(g, a)
         assert g.flags.writeable and g.flags.c_contiguous
     got[0][0] = 99  # copy-on-write: the file keeps its bytes
-    assert _shared.read(sa)[0][0] == 0
-    _shared.remove(sa)
-    assert _shared.read(sa) is None and list(tmp_path.iterdir()) == []
+    assert _shm.read(sa)[0][0] == 0
+    _shm.remove(sa)
+    assert _shm.read(sa) is None and list(tmp_path.iterdir()) == []
     # the result file: written only while the caller still waits for it
-    out = _shared.out_file(str(tmp_path))
-    assert _shared.write_out(out, np.arange(5.0))
-    np.testing.assert_array_equal(_shared.read_out(out, np.float64, 5), np.arange(5.0))
+    out = _shm.out_file(str(tmp_path))
+    assert _shm.write_out(out, np.arange(5.0))
+    np.testing.assert_array_equal(_shm.read_out(out, np.float64, 5), np.arange(5.0))
     with pytest.raises(RuntimeError, match="holds 5 values"):
-        _shared.read_out(out, np.float64, 6)
-    _shared.remove(out)
-    assert not _shared.write_out(out, np.arange(5.0)) and list(tmp_path.iterdir()) == []
+        _shm.read_out(out, np.float64, 6)
+    _shm.remove(out)
+    assert not _shm.write_out(out, np.arange(5.0)) and list(tmp_path.iterdir()) == []
     # no room: None, and no file
-    monkeypatch.setattr(_shared, "_room", lambda nbytes, where: False)
-    assert _shared.write(arrays, str(tmp_path)) is None and list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(_shm, "_room", lambda nbytes, where: False)
+    assert _shm.write(arrays, str(tmp_path)) is None and list(tmp_path.iterdir()) == []
 
 
 def test_shared_memory_directory_and_host(tmp_path):
     import dask
 
     with dask.config.set({"gdask.ml.same-host-transfer": False}):
-        assert _shared.directory() is None
-    with dask.config.set({"gdask.ml.shared-memory-dir": str(tmp_path)}):
-        assert _shared.directory() == str(tmp_path)
-    with dask.config.set({"gdask.ml.shared-memory-dir": str(tmp_path / "missing")}):
-        assert _shared.directory() is None
-    assert _shared.on_this_host("tcp://127.0.0.1:4000", {"host": "127.0.0.1"})
-    assert _shared.on_this_host("tcp://127.0.0.1:4000")
-    assert not _shared.on_this_host("tcp://203.0.113.9:4000", {"host": "203.0.113.9"})
+        assert _shm.directory() is None
+    with dask.config.set({"gdask.shared-memory-dir": str(tmp_path)}):
+        assert _shm.directory() == str(tmp_path)
+    with dask.config.set({"gdask.shared-memory-dir": str(tmp_path / "missing")}):
+        assert _shm.directory() is None
+    assert _shm.on_this_host("tcp://127.0.0.1:4000", {"host": "127.0.0.1"})
+    assert _shm.on_this_host("tcp://127.0.0.1:4000")
+    assert not _shm.on_this_host("tcp://203.0.113.9:4000", {"host": "203.0.113.9"})
 
 
 def test_order_estimate_and_clearly_orderless():
@@ -478,7 +479,7 @@ def test_an_error_while_the_order_is_chosen_leaves_no_file(client, monkeypatch, 
     monkeypatch.setattr(_pagerank, "_clearly_orderless", lambda A: False)
     monkeypatch.setattr(_pagerank, "_sweep_order", broken)
     A = _graph_with_weights_and_dangling(n=70_000, seed=7)
-    with dask.config.set({"gdask.ml.shared-memory-dir": str(tmp_path)}):
+    with dask.config.set({"gdask.shared-memory-dir": str(tmp_path)}):
         with pytest.raises(RuntimeError, match="order failed"):
             gdask.ml.pagerank(A, nblocks=1, loop="workers", client=client)
     assert list(tmp_path.iterdir()) == []

@@ -1,17 +1,19 @@
-"""Arrays handed to a worker on the client's own host through a file in shared memory.
+"""Arrays handed to workers on the client's own host through files in shared memory.
 
-``client.scatter`` sends arrays through the worker's socket: on one machine every byte is
-serialised, copied through the kernel and reassembled while the worker's event loop waits for it
-(240 MB of graph took 0.2-0.6 s on a 2-core machine). A worker on the client's host reads a file in
-a memory file system (``/dev/shm``) instead, mapped copy-on-write: one copy, made by the client,
-without the worker's involvement. Which worker is on this host is a guess from its address (loopback
-or one of this host's interfaces); the worker checks that the file is there (a worker in a container
-of its own sees another ``/dev/shm``), and the caller sends the arrays the usual way when it is not.
+A graph or ``client.scatter`` sends arrays through sockets: on one machine every byte is serialised,
+copied through the kernel and reassembled while an event loop waits for it (240 MB of graph took
+0.2-0.6 s on a 2-core machine; a GDataSet's blocks in a graph also pass through the scheduler). A
+worker on the client's host reads a file in a memory file system (``/dev/shm``) instead, mapped
+copy-on-write: one copy, made by the client, without the worker's involvement. Which worker is on
+this host is a guess from its address (loopback or one of this host's interfaces); callers check that
+the worker sees the file (a worker in a container of its own sees another ``/dev/shm``) and send the
+arrays the usual way when it does not.
 
-Config ``gdask.ml.same-host-transfer`` (default true) turns it on; ``gdask.ml.shared-memory-dir``
-names the directory (default ``/dev/shm`` where it exists; else the transfer is not used). A file is
-written only when the directory has room for it and the host's available memory is at least twice
-its size (a memory file system holds it in memory), and is removed when the call that wrote it ends.
+Users: PageRank's graph on one block (config ``gdask.ml.same-host-transfer``) and the blocks of a
+persisted GDataSet made from in-memory arrays (``gdask.gdataset.same-host-transfer``). Config
+``gdask.shared-memory-dir`` names the directory (default ``/dev/shm`` where it exists; else the
+transfer is not used). A file is written only when the directory has room for it and the host's
+available memory is at least twice its size (a memory file system holds it in memory).
 """
 
 from __future__ import annotations
@@ -41,11 +43,12 @@ class SharedArrays:
     specs: tuple[tuple[str, int, int], ...]
 
 
-def directory() -> str | None:
-    """The directory of the files (config), or None: the transfer is off or has nowhere to go."""
-    if not bool(config.get("ml.same-host-transfer", True)) or not hasattr(mmap, "MAP_PRIVATE"):  # (Windows: no)
+def directory(switch: str = "ml.same-host-transfer") -> str | None:
+    """The directory of the files (config ``shared-memory-dir``), or None: the transfer is off (config
+    ``switch``) or has nowhere to go."""
+    if not bool(config.get(switch, True)) or not hasattr(mmap, "MAP_PRIVATE"):  # (Windows: no)
         return None
-    d = config.get("ml.shared-memory-dir", None)
+    d = config.get("shared-memory-dir", None)
     d = d or "/dev/shm"
     return d if os.path.isdir(d) and os.access(d, os.W_OK) else None
 

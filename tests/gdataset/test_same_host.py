@@ -1,0 +1,184 @@
+"""persist() of in-memory blocks through files in shared memory (gdask.gdataset._same_host)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import dask
+import numpy as np
+import pytest
+from dask.base import tokenize
+from distributed import Client, wait
+from distributed.client import futures_of
+
+import gdask
+from gdask import _shm
+from gdask.gdataset import _same_host
+
+
+@pytest.fixture
+def shm_dir(tmp_path, monkeypatch):
+    """Files in ``tmp_path`` (readable by the workers: same host), for data of any size."""
+    monkeypatch.setattr(_same_host, "MIN_BYTES", 0)
+    with dask.config.set({"gdask.shared-memory-dir": str(tmp_path)}):
+        yield tmp_path
+
+
+def _files(d) -> list[str]:
+    return sorted(p for p in os.listdir(d) if p.startswith("gdask-"))
+
+
+def _wait_until(cond, what: str, timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"waited {timeout} s for {what}")
+        time.sleep(0.05)
+
+
+def _loaders(client, P) -> set[str]:
+    """The functions of the scheduler's tasks of persisted dataset ``P``'s blocks."""
+    def names(keys, dask_scheduler=None):
+        return {dask_scheduler.tasks[k].run_spec.func.__name__ for k in keys}
+
+    wait(futures_of(P))  # (the graph and this call take different ways to the scheduler)
+    return client.run_on_scheduler(names, P.__dask_keys__())
+
+
+def _registered(client) -> int:
+    def count(dask_scheduler=None):
+        plugin = dask_scheduler.plugins.get(_same_host.PLUGIN_NAME)
+        return 0 if plugin is None else sum(len(v) for v in [*plugin.files.values(), *plugin.expected.values()])
+
+    return client.run_on_scheduler(count)
+
+
+def test_blocks_go_through_files_that_go_when_the_blocks_do(bclient, shm_dir):
+    x = np.random.default_rng(0).random((1000, 6))
+    G = gdask.from_array(x, block_rows=300)
+    P = G.persist()
+    wait(futures_of(P))
+    assert len(_files(shm_dir)) == 4
+    assert _loaders(bclient, P) == {"load"}
+    np.testing.assert_array_equal(P.compute(), x)  # the same bits, in the input's type
+    np.testing.assert_array_equal(G.compute(), x)  # the lazy dataset is untouched
+    del P
+    _wait_until(lambda: not _files(shm_dir), "the files to be removed once the blocks are released")
+    assert _registered(bclient) == 0
+
+
+def test_the_same_blocks_persisted_again(client, shm_dir):
+    """The same data gives the same keys. Persisted again while held, the scheduler keeps its tasks and
+    the new files go at once; released and persisted at once again, the old files go with the old keys
+    and the new tasks read the new files (the release and the new graph reach the scheduler in order)."""
+    x = np.random.default_rng(6).random((900, 3))
+    P = gdask.from_array(x, block_rows=300).persist()
+    wait(futures_of(P))
+    first = _files(shm_dir)
+    Q = gdask.from_array(x, block_rows=300).persist()
+    wait(futures_of(Q))
+    _wait_until(lambda: _files(shm_dir) == first, "the unused files of the second persist to be removed")
+    del P, Q
+    for _ in range(3):
+        P = gdask.from_array(x, block_rows=300).persist()
+        np.testing.assert_array_equal(P.compute(), x)
+        assert len(_files(shm_dir)) >= 3
+        del P
+    _wait_until(lambda: not _files(shm_dir), "the files to be removed once the blocks are released")
+    assert _registered(client) == 0
+
+
+def test_three_d_sequences_and_integers(client, shm_dir):
+    seq = np.arange(5 * 3 * 2, dtype=np.float32).reshape(5, 3, 2)
+    labels = np.arange(7, dtype=np.int64)
+    P, L = gdask.from_array(seq, block_rows=2).persist(), gdask.from_array(labels, block_rows=3).persist()
+    assert len(_files(shm_dir)) == 3 + 3
+    np.testing.assert_array_equal(P.compute(), seq)
+    np.testing.assert_array_equal(L.compute(), labels)
+
+
+def test_the_graph_when_off_small_or_not_seen(client, shm_dir, monkeypatch):
+    x = np.random.default_rng(1).random((400, 3))
+    with dask.config.set({"gdask.gdataset.same-host-transfer": False}):
+        P = gdask.from_array(x, block_rows=100).persist()
+    assert not _files(shm_dir) and _loaders(client, P) == {"to_device"}
+    monkeypatch.setattr(_same_host, "MIN_BYTES", x.nbytes + 1)
+    P = gdask.from_array(x + 1, block_rows=100).persist()
+    assert not _files(shm_dir) and _loaders(client, P) == {"to_device"}
+    monkeypatch.setattr(_same_host, "MIN_BYTES", 0)
+    # a worker that does not see the files (another /dev/shm): none are left, and the blocks go in the graph
+    monkeypatch.setattr(_same_host, "run_sync", lambda client, f, *a, timeout: {"w": True, "v": False})
+    P = gdask.from_array(x + 2, block_rows=100).persist()
+    assert not _files(shm_dir) and _loaders(client, P) == {"to_device"}
+    assert _registered(client) == 0
+    np.testing.assert_array_equal(P.compute(), x + 2)
+
+
+def test_not_without_a_cluster_or_under_another_scheduler(client, shm_dir):
+    x = np.random.default_rng(2).random((200, 2))
+    P = gdask.from_array(x, block_rows=100).persist(scheduler="sync")
+    np.testing.assert_array_equal(P.compute(scheduler="sync"), x)
+    assert not _files(shm_dir)
+
+
+def test_tokens_name_the_block_not_the_file():
+    a = _same_host.SharedBlock(_shm.SharedArrays("/dev/shm/gdask-a", (("<f8", 6, 0),)), (3, 2), "('x', 0)")
+    b = _same_host.SharedBlock(_shm.SharedArrays("/dev/shm/gdask-b", (("<f8", 6, 0),)), (3, 2), "('x', 0)")
+    c = _same_host.SharedBlock(_shm.SharedArrays("/dev/shm/gdask-a", (("<f8", 6, 0),)), (3, 2), "('x', 1)")
+    assert tokenize(a) == tokenize(b) != tokenize(c)
+
+
+def test_a_missing_file_is_an_error_that_says_why(tmp_path):
+    block = _same_host.SharedBlock(_shm.SharedArrays(str(tmp_path / "gdask-gone"), (("<f8", 6, 0),)), (3, 2), "k")
+    with pytest.raises(FileNotFoundError, match="is not there: this worker is on another host"):
+        _same_host.load(block)
+
+
+def test_a_block_lost_with_its_worker_is_read_again_from_its_file(shm_dir):
+    x = np.random.default_rng(3).random((2000, 4))
+    with gdask.LocalGPUCluster(n_devices=2, backend="emulated", dashboard_address=":0") as cluster, \
+            Client(cluster, set_as_default=False) as c, c.as_current():
+        P = gdask.from_array(x, block_rows=500).persist()
+        wait(futures_of(P))
+        assert len(_files(shm_dir)) == 4
+        held = c.who_has(futures_of(P))
+        victim = next(iter(held[P.__dask_keys__()[0]]))
+        c.run(os._exit, 1, workers=[victim], on_error="ignore")  # the process dies; its nanny starts another
+        np.testing.assert_array_equal(P.compute(), x)
+        assert len(_files(shm_dir)) == 4
+        del P
+        _wait_until(lambda: not _files(shm_dir), "the files to be removed once the blocks are released")
+
+
+def test_files_left_when_the_scheduler_closes_are_removed(shm_dir):
+    x = np.random.default_rng(4).random((300, 2))
+    with gdask.LocalGPUCluster(n_devices=2, backend="emulated", dashboard_address=":0") as cluster, \
+            Client(cluster, set_as_default=False) as c, c.as_current():
+        P = gdask.from_array(x, block_rows=100).persist()
+        wait(futures_of(P))
+        assert len(_files(shm_dir)) == 3
+        c.publish_dataset(kept=P)  # the scheduler keeps the blocks after this client leaves
+    assert not _files(shm_dir)
+
+
+def test_a_fit_on_blocks_sent_through_files_has_the_same_bits(client, shm_dir, monkeypatch):
+    from gdask.ml import KMeans, LogisticRegression
+
+    sent = []
+    through_files = _same_host._persist_files
+    monkeypatch.setattr(_same_host, "_persist_files", lambda G, *a: sent.append(G.name) or through_files(G, *a))
+    rng = np.random.default_rng(5)
+    x = rng.random((3000, 5)).astype(np.float32)
+    y = (x[:, 0] + x[:, 1] > 1).astype(np.int64)
+    fits = []
+    for on in (True, False):
+        with dask.config.set({"gdask.gdataset.same-host-transfer": on}):
+            km = KMeans(4, random_state=0, n_init=1).fit(x)
+            lr = LogisticRegression().fit(x, y)
+        assert len(sent) >= 2 if on else not sent  # the X and y (or weights) of both fits
+        sent.clear()
+        fits.append((km.cluster_centers_, km.labels_, lr.coef_))
+    for a, b in zip(*fits):
+        np.testing.assert_array_equal(a, b)
+    assert type(fits[0][0]) is np.ndarray
