@@ -4,16 +4,15 @@ What every entry point runs on is loaded when ``gdask.ml`` is imported, not insi
 call: the GDataSet engine (``gdask.gdataset``, ~1 s of imports with dask.array and distributed) and
 numba's CPU target (:func:`~gdask.ml.kernels._cpu_common.start_numba`, ~0.25 s), which a device worker
 loads anyway. Measured: the first ``pagerank`` of a 1M-node graph in a process took 1.1 s, the next
-0.26 s. The estimators are imported lazily: a worker that loads a kernel module of ``gdask.ml`` does
-not import scikit-learn and every estimator with it.
+0.26 s. The estimators are imported lazily, here and in their packages (:mod:`gdask.ml._lazy`): a
+worker that loads a kernel or block module of ``gdask.ml`` does not import scikit-learn and every
+estimator with it.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 import gdask.gdataset  # noqa: F401  (see above)
+from gdask.ml._lazy import exports
 from gdask.ml.kernels._cpu_common import start_numba as _start_numba
 
 _start_numba()
@@ -45,13 +44,4 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        value = getattr(importlib.import_module(_WHERE[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'gdask.ml' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = exports(__name__, _WHERE)

@@ -8,7 +8,9 @@
 
 from __future__ import annotations
 
-from gdask.ml._kmeans._estimator import KMeans
-from gdask.ml._kmeans._loop import LoopState
+from gdask.ml._lazy import exports
 
 __all__ = ["KMeans", "LoopState"]
+
+# names resolved on first use: a worker that imports a block module does not import the estimator (gdask.ml._lazy)
+__getattr__, __dir__ = exports(__name__, {"KMeans": "._estimator", "LoopState": "._loop"})

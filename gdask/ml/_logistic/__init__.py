@@ -8,7 +8,9 @@
 
 from __future__ import annotations
 
-from gdask.ml._logistic._estimator import LogisticRegression
-from gdask.ml._logistic._loop import SolverState
+from gdask.ml._lazy import exports
 
 __all__ = ["LogisticRegression", "SolverState"]
+
+# names resolved on first use: a worker that imports a block module does not import the estimator (gdask.ml._lazy)
+__getattr__, __dir__ = exports(__name__, {"LogisticRegression": "._estimator", "SolverState": "._loop"})

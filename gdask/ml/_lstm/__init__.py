@@ -8,6 +8,9 @@
 
 from __future__ import annotations
 
-from gdask.ml._lstm._estimator import LSTMClassifier, LSTMRegressor
+from gdask.ml._lazy import exports
 
 __all__ = ["LSTMClassifier", "LSTMRegressor"]
+
+# names resolved on first use: a worker that imports a block module does not import the estimator (gdask.ml._lazy)
+__getattr__, __dir__ = exports(__name__, {"LSTMClassifier": "._estimator", "LSTMRegressor": "._estimator"})

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
-from gdask.ml._mixture._gaussian_mixture import GaussianMixture
+from gdask.ml._lazy import exports
 
 __all__ = ["GaussianMixture"]
+
+# names resolved on first use: a worker that imports a block module does not import the estimator (gdask.ml._lazy)
+__getattr__, __dir__ = exports(__name__, {"GaussianMixture": "._gaussian_mixture"})
