@@ -29,7 +29,7 @@ import psutil
 
 from gdask import config
 
-__all__ = ["SharedArrays", "directory", "on_this_host", "out_file", "read", "read_out", "remove", "write",
+__all__ = ["SharedArrays", "directory", "on_this_host", "out_file", "read", "read_out", "remove", "room", "write",
            "write_out"]
 
 _ALIGN = 64
@@ -67,7 +67,8 @@ def on_this_host(addr: str, info: dict | None = None) -> bool:
     return host in _local_hosts()
 
 
-def _room(nbytes: int, where: str) -> bool:
+def room(nbytes: int, where: str) -> bool:
+    """Whether ``where`` has room for ``nbytes`` more (64 MiB to spare) and the host has twice that free."""
     st = os.statvfs(where)
     return st.f_bavail * st.f_frsize >= nbytes + (64 << 20) and psutil.virtual_memory().available >= 2 * nbytes
 
@@ -79,7 +80,7 @@ def write(arrays: list[np.ndarray], where: str) -> SharedArrays | None:
     for a in arrays:
         specs.append((a.dtype.str, int(a.size), offset))
         offset += -(-a.nbytes // _ALIGN) * _ALIGN
-    if not _room(offset, where):
+    if not room(offset, where):
         return None
     path = os.path.join(where, f"gdask-{uuid.uuid4().hex}")
     try:
@@ -125,7 +126,7 @@ def write_out(path: str, a: np.ndarray) -> bool:
     """(On the worker) ``a`` into the file :func:`out_file` made; False when it could not be written
     (then it goes back as a result), or the file is gone (the caller stopped waiting and removed it:
     nothing is left behind)."""
-    if not _room(a.nbytes, os.path.dirname(path)):
+    if not room(a.nbytes, os.path.dirname(path)):
         return False
     try:
         fd = os.open(path, os.O_WRONLY | os.O_TRUNC)

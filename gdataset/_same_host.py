@@ -172,7 +172,10 @@ def persist(G: Any, kwargs: dict) -> Any:
         return None  # no cluster, a GTracker's or another scheduler in effect, or an asynchronous client
     where = _shm.directory("gdataset.same-host-transfer")
     blocks = _host_blocks(G) if where else None
-    if not blocks or sum(c.nbytes for _, c in blocks) < MIN_BYTES or not _cluster_on_this_host(client):
+    if not blocks:
+        return None
+    nbytes = sum(c.nbytes for _, c in blocks)
+    if nbytes < MIN_BYTES or not _shm.room(nbytes, where) or not _cluster_on_this_host(client):
         return None
     files = []
     for _, chunk in blocks:

@@ -426,7 +426,7 @@ def test_shared_arrays_round_trip_and_refusals(tmp_path, monkeypatch):
     _shm.remove(out)
     assert not _shm.write_out(out, np.arange(5.0)) and list(tmp_path.iterdir()) == []
     # no room: None, and no file
-    monkeypatch.setattr(_shm, "_room", lambda nbytes, where: False)
+    monkeypatch.setattr(_shm, "room", lambda nbytes, where: False)
     assert _shm.write(arrays, str(tmp_path)) is None and list(tmp_path.iterdir()) == []
 
 
