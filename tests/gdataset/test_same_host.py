@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -135,13 +136,25 @@ def test_a_missing_file_is_an_error_that_says_why(tmp_path):
         _same_host.load(block)
 
 
-def test_a_block_lost_with_its_worker_is_read_again_from_its_file(shm_dir):
-    x = np.random.default_rng(3).random((2000, 4))
+@contextlib.contextmanager
+def _cluster_of_its_own():
+    """The current client of a new cluster (for a test that kills a worker or closes the scheduler)."""
     with gdask.LocalGPUCluster(n_devices=2, backend="emulated", dashboard_address=":0") as cluster, \
             Client(cluster, set_as_default=False) as c, c.as_current():
-        P = gdask.from_array(x, block_rows=500).persist()
-        wait(futures_of(P))
-        assert len(_files(shm_dir)) == 4
+        yield c
+
+
+def _persisted_through_files(x, block_rows: int, shm_dir):
+    P = gdask.from_array(x, block_rows=block_rows).persist()
+    wait(futures_of(P))
+    assert len(_files(shm_dir)) == P.nblocks  # one file a block
+    return P
+
+
+def test_a_block_lost_with_its_worker_is_read_again_from_its_file(shm_dir):
+    x = np.random.default_rng(3).random((2000, 4))
+    with _cluster_of_its_own() as c:
+        P = _persisted_through_files(x, 500, shm_dir)
         held = c.who_has(futures_of(P))
         victim = next(iter(held[P.__dask_keys__()[0]]))
         c.run(os._exit, 1, workers=[victim], on_error="ignore")  # the process dies; its nanny starts another
@@ -153,11 +166,8 @@ def test_a_block_lost_with_its_worker_is_read_again_from_its_file(shm_dir):
 
 def test_files_left_when_the_scheduler_closes_are_removed(shm_dir):
     x = np.random.default_rng(4).random((300, 2))
-    with gdask.LocalGPUCluster(n_devices=2, backend="emulated", dashboard_address=":0") as cluster, \
-            Client(cluster, set_as_default=False) as c, c.as_current():
-        P = gdask.from_array(x, block_rows=100).persist()
-        wait(futures_of(P))
-        assert len(_files(shm_dir)) == 3
+    with _cluster_of_its_own() as c:
+        P = _persisted_through_files(x, 100, shm_dir)
         c.publish_dataset(kept=P)  # the scheduler keeps the blocks after this client leaves
     assert not _files(shm_dir)
 
