@@ -134,25 +134,39 @@ def _bus_bandwidth(nbytes: int, repeat: int = 5) -> float:
     return x.nbytes / float(np.median(times))
 
 
+def paired(x: dict, y: dict, floor: float = 0.0) -> list[float]:
+    """Iteration by iteration, ``x``'s time over ``y``'s (at least ``floor`` ms): the two took turns,
+    so each ratio sees one moment of the machine's load."""
+    return [a / max(b, floor) for xs, ys in zip(x["iteration_ms_runs"], y["iteration_ms_runs"])
+            for a, b in zip(xs, ys)]
+
+
 def bound_row(win: dict, opt: dict, traces: dict, block_bytes: int, ref: dict, bus: dict, a) -> dict:
-    """The bandwidth bound of (a)'s iteration: max((d)'s all-fits time, the slowest worker's
-    non-resident bytes per pass / its measured host->device bandwidth). A worker's non-resident
-    blocks are those it reads in a pass beyond the device slots it has at rest (Belady's slots): no
-    policy avoids copying them once per pass."""
+    """The bandwidth bound of (a)'s iteration, as a row: max((d)'s all-fits time, the slowest
+    worker's non-resident bytes per pass / its measured host->device bandwidth). A worker's
+    non-resident blocks are those it reads in a pass beyond the device slots it has at rest
+    (Belady's slots): no policy avoids copying them once per pass, so the row's hit rate is the
+    slots' share of the reads and its bytes moved are the non-resident blocks."""
     passes = a.iterations * a.repeat
-    copy_ms = {}
+    copy_ms, reads, slots = {}, 0.0, 0.0
     for w, trace in traces.items():
         per_pass = len(trace) / passes if passes else 0  # reads per pass (each block once)
-        nonres = max(0.0, per_pass - opt["slots_per_worker"].get(w, 0))
+        held = min(per_pass, opt["slots_per_worker"].get(w, 0))
+        reads, slots = reads + per_pass, slots + held
         bw = bus.get(w)
-        copy_ms[w] = 1e3 * nonres * block_bytes / bw if bw else float("nan")
+        copy_ms[w] = 1e3 * (per_pass - held) * block_bytes / bw if bw else float("nan")
     slowest = max(copy_ms.values(), default=0.0)
     bound = max(ref["ms_per_iter"], slowest)
-    return {"ms_per_iter": bound, "all_fits_ms": ref["ms_per_iter"], "copy_ms_per_worker": copy_ms,
+    per_iter = paired(win, ref, slowest)
+    return {"id": "bound", "name": "bandwidth bound", "scan": "(a)'s reads", "measured": False,
+            "centers": ref["centers"], "hit_rate": slots / reads if reads else 0.0, "reads": int(reads * passes),
+            "hits": int(slots * passes), "misses": int((reads - slots) * passes), "prefetch_hits": 0,
+            "moved_per_pass": (reads - slots) * block_bytes / (a.data_bytes or 1), "ms_per_iter": bound,
+            "stall_ms_per_iter": 0.0, "all_fits_ms": ref["ms_per_iter"], "copy_ms_per_worker": copy_ms,
             "bus_bytes_per_s": bus, "ratio": win["ms_per_iter"] / bound,
-            "paired_ratio_median": float(np.median([x / max(r, slowest) for x, r in
-                                                    zip(win["ms_per_iter_runs"], ref["ms_per_iter_runs"])])),
-            "belady_share": win["hit_rate"] / opt["hit_rate"] if opt["hit_rate"] else float("nan")}
+            "ratio_per_iteration": per_iter, "paired_ratio_median": float(np.median(per_iter)),
+            "belady_share": win["hit_rate"] / opt["hit_rate"] if opt["hit_rate"] else float("nan"),
+            "time_note": "max((d)'s measured ms/iter, the slowest worker's non-resident bytes / its measured bus)"}
 
 
 def _trace_install(dask_worker=None):
@@ -180,27 +194,51 @@ def _trace_get(dask_worker=None):
     return list(getattr(dask_worker, "_bench_trace", []))
 
 
-def kmeans(G, init, iterations, *, scan_mode, hints, client):
-    """Exact Lloyd iterations with one task per block; returns (centers, seconds per iteration)."""
+def lloyd_step(G, centers, it, *, scan_mode, hints, client):
+    """Iteration ``it`` of exact Lloyd, one task per block; returns (new centers, seconds)."""
     from gdask.window_cache import scan
 
-    lloyd_partial, lloyd_combine = _common.lloyd_partial, _common.lloyd_combine
-    centers = init.copy()
-    keys = G.__dask_keys__()
-    times = []
-    for it in range(iterations):
-        t0 = time.perf_counter()
-        if scan_mode == "alternate":  # forward / backward passes, order hinted to the stores
-            with scan(keys, it, client=client, hint=hints):
-                part = G.reduce_blocks(lloyd_partial, lloyd_combine, centers)
-        else:  # the plain loop: Dask's own order
-            part = G.reduce_blocks(lloyd_partial, lloyd_combine, centers)
-        r = part.compute()
-        nz = r["counts"] > 0
-        centers = centers.copy()
-        centers[nz] = r["sums"][nz] / r["counts"][nz, None]
-        times.append(time.perf_counter() - t0)
-    return centers, times
+    t0 = time.perf_counter()
+    if scan_mode == "alternate":  # forward / backward passes, order hinted to the stores
+        with scan(G.__dask_keys__(), it, client=client, hint=hints):
+            part = G.reduce_blocks(_common.lloyd_partial, _common.lloyd_combine, centers)
+    else:  # the plain loop: Dask's own order
+        part = G.reduce_blocks(_common.lloyd_partial, _common.lloyd_combine, centers)
+    r = part.compute()
+    nz = r["counts"] > 0
+    centers = centers.copy()
+    centers[nz] = r["sums"][nz] / r["counts"][nz, None]
+    return centers, time.perf_counter() - t0
+
+
+#: a worker thread's name -> the column its CPU time goes to
+THREAD_GROUPS = (("gdask-window-prefetch", "copies"), ("gdask-stream", "tasks"), ("MainThread", "event loop"))
+
+
+def _thread_cpu(dask_worker=None):
+    """(a task on a worker) CPU seconds each thread group of this worker process has used so far:
+    the event loop (reads of the store happen there, with their prefetch planning), the task
+    threads, the window's copy thread, the rest."""
+    import threading
+
+    import psutil
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for t in psutil.Process().threads():
+        name = names.get(t.id, "")
+        group = next((g for prefix, g in THREAD_GROUPS if name.startswith(prefix) or prefix in name), "other")
+        out[group] = out.get(group, 0.0) + t.user_time + t.system_time
+    return out
+
+
+def _cpu_now(client) -> dict[str, float]:
+    """The cluster's workers' CPU seconds per thread group (summed over workers)."""
+    total: dict[str, float] = {}
+    for per in client.run(_thread_cpu).values():
+        for g, v in per.items():
+            total[g] = total.get(g, 0.0) + v
+    return total
 
 
 class Config:
@@ -209,7 +247,7 @@ class Config:
     def __init__(self, key, name, X, init, a, *, store_kwargs, device_memory, scan, hints):
         self.key, self.name, self.X, self.init, self.a = key, name, X, init, a
         self.store_kwargs, self.device_memory, self.scan, self.hints = store_kwargs, device_memory, scan, hints
-        self.runs = []
+        self.runs, self.cpu = [], []
 
     def __enter__(self):
         import contextlib
@@ -247,11 +285,28 @@ class Config:
         client.run(_trace_install)
         return self
 
-    def run(self):
-        """The same iterations again, from the same initial centers."""
+    def begin(self):
+        """Start a run: the iterations again from the same initial centers."""
+        self._centers, self._times, self._cpu0 = self.init.copy(), [], _cpu_now(self.client)
+
+    def step(self, it):
+        """The run's iteration ``it``."""
         with self.client.as_current():
-            self.runs.append(kmeans(self.G, self.init, self.a.iterations, scan_mode=self.scan, hints=self.hints,
-                                    client=self.client))
+            self._centers, t = lloyd_step(self.G, self._centers, it, scan_mode=self.scan, hints=self.hints,
+                                          client=self.client)
+        self._times.append(t)
+
+    def end(self):
+        cpu = _cpu_now(self.client)
+        self.cpu.append({g: v - self._cpu0.get(g, 0.0) for g, v in cpu.items()})
+        self.runs.append((self._centers, self._times))
+
+    def run(self):
+        """A whole run, its iterations one after the other."""
+        self.begin()
+        for it in range(self.a.iterations):
+            self.step(it)
+        self.end()
 
     def __exit__(self, *exc):
         from gdask.window_cache import stats
@@ -268,6 +323,8 @@ class Config:
         times = min((t for _, t in runs), key=np.mean)  # the fastest run: every configuration alike
         passes = a.iterations * len(runs)
         nb = self.X.nbytes
+        groups = sorted({g for c in self.cpu for g in c})
+        cpu = {g: 1e3 * sum(c.get(g, 0.0) for c in self.cpu) / passes for g in groups}
         return {
             "id": self.key, "name": self.name, "scan": self.scan + (" + hints" if self.hints else ""),
             "centers": centers, "measured": True,
@@ -279,6 +336,7 @@ class Config:
             "moved_per_pass": (s["bytes_h2d"] + s["bytes_d2h"]) / passes / nb,
             "stall_ms_per_iter": 1e3 * s["stall_time"] / passes, "iteration_ms": [1e3 * t for t in times],
             "iteration_ms_runs": [[1e3 * t for t in ts] for _, ts in runs],
+            "worker_cpu_ms_per_iter": cpu, "worker_cpu_ms_per_iter_total": sum(cpu.values()),
             "persist_s": self.t_persist, "persist_bytes_d2h": self.setup["bytes_d2h"],
             "device_memory": self.device_memory,
             "window_bytes_end": s["window_bytes"], "capacity_bytes_end": s["capacity_bytes"],
@@ -317,8 +375,9 @@ def optimal_row(win: dict, traces: dict, a, block_bytes: int, data_bytes: int, r
 
 def run_configs(configs, X, init, a):
     """Run ``configs`` with ``a.repeat`` runs each. The first three ((d), (a), (b)) are open at the
-    same time and run in turns, (d), (a), (b), (d), ..., so that their time ratios see the same
-    machine load (this machine is shared); the others run one after the other."""
+    same time and take turns iteration by iteration, (d) it 0, (a) it 0, (b) it 0, (d) it 1, ...,
+    so that each iteration's time ratios see the same moment of this shared machine's load; the
+    others run one after the other."""
     def make(c):
         key, name, kw, m, scan, hints = c
         return Config(key, name, X, init, a, store_kwargs=kw, device_memory=m, scan=scan, hints=hints)
@@ -327,13 +386,47 @@ def run_configs(configs, X, init, a):
     with group[0], group[1], group[2]:
         for _ in range(a.repeat):
             for c in group:
-                c.run()
+                c.begin()
+            for it in range(a.iterations):
+                for c in group:
+                    c.step(it)
+            for c in group:
+                c.end()
     for c in rest:
         with c:
             for _ in range(a.repeat):
                 c.run()
     done = group + rest
     return [c.result() for c in done], {c.key: c.traces for c in done}, done[0].threads, group[1].bus
+
+
+def print_table(results: list[dict], ref: dict) -> None:
+    """The configurations' table (modelled rows starred); sets each row's ``identical_to_d``,
+    ``ratio_to_d`` and ``prefetch_hit_rate``."""
+    print(f"{'configuration':<27}{'scan':<18}{'hit rate':>9}{'prefetched':>11}{'moved/pass':>11}{'ms/iter':>9}"
+          f"{'vs (d)':>8}{'stall ms/it':>12}{'worker CPU':>11}{'identical':>10}")
+    for r in results:
+        same = bool(np.array_equal(r["centers"], ref["centers"]))
+        r["identical_to_d"] = same
+        r["ratio_to_d"] = r["ms_per_iter"] / ref["ms_per_iter"]
+        pf = r["prefetch_hits"] / r["reads"] if r["reads"] else 0.0
+        r["prefetch_hit_rate"] = pf
+        star = "*" if not r["measured"] else " "
+        cpu = f"{r['worker_cpu_ms_per_iter_total']:.1f}" if r["measured"] else "-"
+        print(f"{r['name']:<27}{r['scan']:<18}{r['hit_rate']:>9.1%}{pf:>11.1%}{r['moved_per_pass']:>11.1%}"
+              f"{r['ms_per_iter']:>8.1f}{star}{r['ratio_to_d']:>8.2f}{r['stall_ms_per_iter']:>12.1f}{cpu:>11}"
+              f"{str(same) if r['measured'] else '-':>10}")
+
+
+def print_cpu(rows: list[dict]) -> None:
+    """Where the workers' CPU goes per iteration, by thread (event loop: the store's reads and their
+    prefetch planning; tasks; copies: the window's copy thread, the emulated host->device copies)."""
+    groups = [g for _, g in THREAD_GROUPS] + ["other"]
+    base = rows[0]["worker_cpu_ms_per_iter"]
+    print("worker CPU ms/iter by thread (all workers): " + "; ".join(
+        f"{r['name'].split(' ')[0]} " + ", ".join(f"{g} {r['worker_cpu_ms_per_iter'].get(g, 0.0):.1f}" for g in groups)
+        + (f" (+{r['worker_cpu_ms_per_iter_total'] - sum(base.values()):.1f} over (d))" if r is not rows[0] else "")
+        for r in rows))
 
 
 def main(argv=None):
@@ -384,10 +477,12 @@ def main(argv=None):
     ]
     if a.quick:
         configs = [c for c in configs if c[0] != "window-plain"]
+    a.data_bytes = X.nbytes
     results, traces, threads, bus_bw = run_configs(configs, X, init, a)
-    ref = results[0]
-    win = results[1]
-    results.insert(3, optimal_row(win, traces["window"], a, block_bytes, X.nbytes, ref))
+    ref, win = results[0], results[1]
+    opt = optimal_row(win, traces["window"], a, block_bytes, X.nbytes, ref)
+    bound = bound_row(win, opt, traces["window"], block_bytes, ref, bus_bw, a)
+    results[3:3] = [opt, bound]
     bus = (f"host<->device {bw / 1e9:g} GB/s (emulated: CPU figures)" if a.backend == "emulated"
            else "host<->device over the GPU's bus")
     setup = _common.setup(["numba"], dtype="float32", backend=a.backend, devices=a.devices,
@@ -397,35 +492,24 @@ def main(argv=None):
           f"iterations, {a.devices} {a.backend} devices x {format_bytes(mem)} (data = {a.data_factor:g}x device "
           f"memory), {bus}, blocks of {a.block_rows} rows "
           f"({format_bytes(block_bytes)}), window reserve {a.reserve}, prefetch {a.prefetch}; hit rate and "
-          f"bytes over {a.repeat} x {a.iterations} iterations, ms/iter = mean of the fastest of {a.repeat} runs")
+          f"bytes over {a.repeat} x {a.iterations} iterations, ms/iter = mean of the fastest of {a.repeat} runs; "
+          "(d), (a), (b) take turns iteration by iteration")
     _common.print_setup(setup)
-    hdr = (f"{'configuration':<27}{'scan':<18}{'hit rate':>9}{'prefetched':>11}{'moved/pass':>11}{'ms/iter':>9}"
-           f"{'vs (d)':>8}{'stall ms/it':>12}{'identical':>10}")
-    print(hdr)
-    for r in results:
-        same = bool(np.array_equal(r["centers"], ref["centers"]))
-        r["identical_to_d"] = same
-        r["ratio_to_d"] = r["ms_per_iter"] / ref["ms_per_iter"]
-        pf = r["prefetch_hits"] / r["reads"] if r["reads"] else 0.0
-        r["prefetch_hit_rate"] = pf
-        star = "*" if not r["measured"] else " "
-        print(f"{r['name']:<27}{r['scan']:<18}{r['hit_rate']:>9.1%}{pf:>11.1%}{r['moved_per_pass']:>11.1%}"
-              f"{r['ms_per_iter']:>8.1f}{star}{r['ratio_to_d']:>8.2f}{r['stall_ms_per_iter']:>12.1f}"
-              f"{str(same) if r['measured'] else '-':>10}")
-    opt = next(r for r in results if r["id"] == "optimal")
+    print_table(results, ref)
     lalt = next(r for r in results if r["id"] == "lru-alternating")
     lcyc = next(r for r in results if r["id"] == "lru-cyclic")
-    print(f"* optimal: {opt['time_note']}; device slots per worker {sorted(opt['slots_per_worker'].values())}; "
-          f"'prefetched' = reads served by a block a prefetch brought (not counted as hits)")
-    paired = {k: [x / y for x, y in zip(r["ms_per_iter_runs"], ref["ms_per_iter_runs"])]
-              for k, r in (("window", win), ("lru-alternating", lalt))}
-    win["paired_ratio_median"] = float(np.median(paired["window"]))
-    lalt["paired_ratio_median"] = float(np.median(paired["lru-alternating"]))
-    vs = [x / y for x, y in zip(win["ms_per_iter_runs"], lalt["ms_per_iter_runs"])]
-    win["paired_ratio_to_lru_alternating"] = float(np.median(vs))
-    print(f"run by run, taking turns: (a)/(d) {', '.join(f'{r:.2f}' for r in paired['window'])} (median "
-          f"{win['paired_ratio_median']:.2f}); (b)/(d) {', '.join(f'{r:.2f}' for r in paired['lru-alternating'])} "
-          f"(median {lalt['paired_ratio_median']:.2f})")
+    print(f"* modelled rows. optimal: {opt['time_note']}; device slots per worker "
+          f"{sorted(opt['slots_per_worker'].values())}. bandwidth bound: {bound['time_note']}. 'prefetched' = reads "
+          "served by a block a prefetch brought (not counted as hits); worker CPU = CPU time of all the workers' "
+          "threads per iteration")
+    print_cpu(results[:3])
+    ratios = {"window": paired(win, ref), "lru-alternating": paired(lalt, ref), "a/b": paired(win, lalt)}
+    win["paired_ratio_median"] = float(np.median(ratios["window"]))
+    lalt["paired_ratio_median"] = float(np.median(ratios["lru-alternating"]))
+    win["paired_ratio_to_lru_alternating"] = float(np.median(ratios["a/b"]))
+    q = (lambda x: "median {1:.3f} (quartiles {0:.3f}, {2:.3f})".format(*np.percentile(x, [25, 50, 75])))
+    print(f"iteration by iteration, taking turns ({len(ratios['window'])} pairs): (a)/(d) {q(ratios['window'])}; "
+          f"(b)/(d) {q(ratios['lru-alternating'])}; (a)/(b) {q(ratios['a/b'])}")
     gain = lalt["ms_per_iter"] - win["ms_per_iter"]
     word = "faster" if gain >= 0 else "slower"
     win["ms_saved_vs_lru_alternating"] = gain
@@ -434,32 +518,31 @@ def main(argv=None):
           f"{lalt['moved_per_pass']:.1%}; readers' stall {win['stall_ms_per_iter']:.1f} vs "
           f"{lalt['stall_ms_per_iter']:.1f} ms/iter (copy waits prefetch took off the readers); time (fastest runs) "
           f"{win['ms_per_iter']:.1f} vs {lalt['ms_per_iter']:.1f} ms/iter: (a) {abs(gain):.1f} ms/iter "
-          f"({abs(gain) / lalt['ms_per_iter']:.0%}) {word}; run-by-run median (a)/(b) "
-          f"{win['paired_ratio_to_lru_alternating']:.2f}")
+          f"({abs(gain) / lalt['ms_per_iter']:.0%}) {word}")
     print(f"scan order alone (LRU both): alternating {lalt['hit_rate']:.1%} vs cyclic {lcyc['hit_rate']:.1%} hit rate")
-    bound = bound_row(win, opt, traces["window"], block_bytes, ref, bus_bw, a)
     print(f"bandwidth bound of (a): max((d) all fits {bound['all_fits_ms']:.1f} ms/iter, slowest worker's non-resident "
           f"bytes / its measured bus ({', '.join(f'{v:.1f}' for v in bound['copy_ms_per_worker'].values())} ms/iter at "
           f"{', '.join(f'{v / 1e9:.2f}' for v in bound['bus_bytes_per_s'].values())} GB/s)) = "
-          f"{bound['ms_per_iter']:.1f} ms/iter; (a) {win['ms_per_iter']:.1f} ms/iter = {bound['ratio']:.2f}x the bound "
-          f"(run-by-run median {bound['paired_ratio_median']:.2f}x); hit rate {win['hit_rate']:.1%} = "
-          f"{bound['belady_share']:.0%} of Belady's {opt['hit_rate']:.1%}")
+          f"{bound['ms_per_iter']:.1f} ms/iter; (a) = {bound['paired_ratio_median']:.3f}x the bound iteration by "
+          f"iteration (median; fastest runs {win['ms_per_iter']:.1f} ms/iter = {bound['ratio']:.2f}x); hit rate "
+          f"{win['hit_rate']:.1%} = {bound['belady_share']:.0%} of Belady's {opt['hit_rate']:.1%}")
     bars = {
         "hit_rate>=45%": win["hit_rate"] >= 0.45,
         "lru_cyclic_hit_rate<5%": lcyc["hit_rate"] < 0.05,
         "lru_alternating_hit_rate>=45% (the bar does not separate the window from LRU)": lalt["hit_rate"] >= 0.45,
         "moved_per_pass<=55%": win["moved_per_pass"] <= 0.55,
         "time_within_1.3x_of_d": win["ratio_to_d"] <= 1.3,
-        "faster_than_lru_alternating (run-by-run median)": win["paired_ratio_to_lru_alternating"] < 1.0,
+        "faster_than_lru_alternating (iteration-by-iteration median)": win["paired_ratio_to_lru_alternating"] < 1.0,
         "identical_results": all(r["identical_to_d"] for r in results if r["measured"]),
-        "time_within_1.05x_of_bandwidth_bound": bound["ratio"] <= 1.05,
+        "time_within_1.05x_of_bandwidth_bound (iteration-by-iteration median)": bound["paired_ratio_median"] <= 1.05,
         "hit_rate>=95%_of_belady": bound["belady_share"] >= 0.95,
     }
     print("bars (a): " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in bars.items()))
     out = {
         "backend": a.backend, "devices": a.devices, "repeat": a.repeat, "device_memory": mem, "bandwidth": bw,
         "rows": n, "features": a.features, "k": a.clusters, "iterations": a.iterations, "block_rows": a.block_rows,
-        "data_bytes": X.nbytes, "setup": setup, "bars": bars, "bound": bound,
+        "data_bytes": X.nbytes, "setup": setup, "bars": bars,
+        "bound": {k: v for k, v in bound.items() if k != "centers"},
         "results": [{k: v for k, v in r.items() if k != "centers"} for r in results]}
     _common.write_json(a.json, out)
     if a.plot:

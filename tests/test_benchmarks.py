@@ -58,7 +58,7 @@ def _check_cycles(d):
 
 def _check_window(d):
     rows = {r["id"]: r for r in d["results"]}
-    assert {"all-fits", "window", "lru-alternating", "optimal", "lru-cyclic", "lru-exclusive"} <= set(rows)
+    assert {"all-fits", "window", "lru-alternating", "optimal", "bound", "lru-cyclic", "lru-exclusive"} <= set(rows)
     for r in rows.values():
         assert 0.0 <= r["hit_rate"] <= 1.0
         assert {"moved_per_pass", "ms_per_iter"} <= set(r)
@@ -70,6 +70,13 @@ def _check_window(d):
     b = d["bound"]  # the bandwidth bound: never below the all-fits time; the bus was measured on each worker
     assert b["ms_per_iter"] >= rows["all-fits"]["ms_per_iter"] and b["ratio"] > 0
     assert len(b["bus_bytes_per_s"]) == d["devices"] and all(v > 0 for v in b["bus_bytes_per_s"].values())
+    assert rows["bound"]["measured"] is False and rows["bound"]["ms_per_iter"] == b["ms_per_iter"]  # the bound's row
+    # iteration by iteration: one ratio per iteration of every run, (d) and (a) in turns
+    assert len(b["ratio_per_iteration"]) == d["iterations"] * d["repeat"]
+    for r in rows.values():  # the workers' CPU per iteration, by thread (the clock ticks in 10 ms: no group is sure > 0)
+        if r["measured"]:
+            cpu = r["worker_cpu_ms_per_iter"]
+            assert r["worker_cpu_ms_per_iter_total"] > 0 and set(cpu) <= {"event loop", "tasks", "copies", "other"}
 
 
 def _check_sharing(d):
