@@ -155,7 +155,8 @@ def score(train_obs, test_obs, profiles: dict[str, Any], model_factory: Callable
     dict
         ``mape_new`` (unseen co-locations, by the predictor the model chose: ``predictor``),
         ``mape_linear`` (its linear predictor's, used or not), ``mape_train`` (in-sample), the
-        model's prequential errors ``online_errors``, and the MAPE on the unseen co-locations of
+        model's prequential errors ``online_errors`` and its errors on co-locations left out of its fit
+        ``held_out_errors`` (what chose ``predictor``), and the MAPE on the unseen co-locations of
         two trivial predictors: ``mape_none`` (slowdown 1, no interference) and
         ``mape_mean_by_size`` (the mean training slowdown of co-locations of the same size).
     """
@@ -177,7 +178,7 @@ def score(train_obs, test_obs, profiles: dict[str, Any], model_factory: Callable
     return {
         "train_observations": len(train_obs), "test_observations": len(test_obs),
         "mape_new": _mape(pred), "mape_linear": _mape(linear), "predictor": model.predictor,
-        "online_errors": model.online_errors(),
+        "online_errors": model.online_errors(), "held_out_errors": model.held_out_errors(),
         "mape_train": _mape((model.predict(profiles[own], others(col, own)), y) for col, own, y in train_obs),
         "mape_none": _mape((1.0, y) for _, _, y in test_obs),
         "mape_mean_by_size": _mape((mean_size.get(len(col), 1.0), y) for col, _, y in test_obs),

@@ -317,10 +317,11 @@ def report_worlds(worlds: dict, emulated: dict | None) -> None:
         print(f"{'emulated':<10}{'online':>10}{fmt(emulated.get('model_error_new')):>8}"
               f"{fmt(emulated.get('model_error')):>10}{'':>28}  {emulated['gain_whole']:>8.2f}x{'':>17}"
               f"{emulated['gain_ff']:>6.2f}x  the cluster run above (stated model + timing noise), measured JCT")
-    print("model = InterferenceModel trained on the training half, by the predictor it chose from its online errors "
-          "(uses: linear = its feature model, mean-by-size = the default); linear = its feature model's MAPE, used or "
-          "not; in-sample = on its own training data; no-interf. = predicting 1.0; mean-by-n = mean training slowdown "
-          "of co-locations of the same size; noise = mean deviation of a round's slowdown from the median of its "
+    print("model = InterferenceModel trained on the training half, by the predictor it chose (its errors on "
+          "co-locations left out of its fit) (uses: linear = its feature model, mean-by-size = the default); linear = "
+          "its feature model's MAPE, used or not; in-sample = on its own training data; no-interf. = predicting 1.0; "
+          "mean-by-n = mean training slowdown of co-locations of the same size; noise = mean deviation of a round's "
+          "slowdown from the median of its "
           "rounds (real world only): no predictor can be expected to err much less than the measurements vary")
     if worlds:
         w0 = next(iter(worlds.values()))["simulation"]

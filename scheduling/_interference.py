@@ -1,8 +1,8 @@
 """Interference model: the slowdown of a job's task when it shares a device with other jobs.
 
 Pure object: observed co-execution slowdowns in, predicted slowdowns out. No clocks, no I/O, no
-Dask. The model is not told how devices contend. It keeps two predictors and uses the one whose
-predictions have been better so far:
+Dask. The model is not told how devices contend. It keeps two predictors and uses the one that
+predicts co-locations it has not seen better:
 
 * ``"mean-by-size"``: the mean slowdown observed for co-locations of the same size (the default:
   it needs nothing but the count of co-runners);
@@ -10,10 +10,17 @@ predictions have been better so far:
   others' compute, own bandwidth x others' bandwidth, the cross terms, over-subscription of each
   resource, number of co-runners), fitted by recursive least squares, one observation at a time.
 
-Both predict every observation before learning from it (prequential error); the linear model is
-used once it has seen enough observations and its error so far is the lower. On contention its
-features describe it wins (it tells a compute-bound pair from a mixed pair); where the measured
-slowdowns are mostly noise it does not, and the simpler predictor stays in use.
+Which one is better is measured the way it is used: each co-location seen so far is left out in
+turn, both predictors are fitted on the others' observations and predict its mean slowdown
+(:meth:`InterferenceModel.held_out_errors`); the linear model is used when it saves more than one
+standard error of that difference (the one-standard-error rule: a tie keeps the simpler predictor).
+The errors of the predictions made before each observation (prequential,
+:meth:`InterferenceModel.online_errors`) are reported too, but do not choose: they mostly score
+co-locations already seen, whose round-to-round noise hides how a predictor generalises, and they
+keep the linear model's first, untrained predictions for ever. On contention its features describe
+the linear model wins (it tells a compute-bound pair from a mixed pair); where the measured
+slowdowns depend on nothing its features see, it does not, and the simpler
+predictor stays in use.
 """
 
 from __future__ import annotations
@@ -92,6 +99,39 @@ FEATURES = (
 #: The predictors an :class:`InterferenceModel` chooses from (see the module's description).
 PREDICTORS = ("mean-by-size", "linear")
 
+#: co-locations whose observations a model keeps to choose its predictor (the least recently
+#: observed are dropped first); each costs a k x k solve when the choice is made again
+MAX_COLOCATIONS = 256
+
+
+class _Colocation:
+    """The observations of one co-location (own profile, the others' profiles): the sums a
+    least-squares fit and a mean need, forgetting-weighted like the model's."""
+
+    __slots__ = ("gram", "moment", "weight", "excess", "size", "phi")
+
+    def __init__(self, phi: np.ndarray, size: int) -> None:
+        self.phi, self.size = phi, size
+        self.gram = np.zeros((phi.size, phi.size))
+        self.moment = np.zeros(phi.size)
+        self.weight = self.excess = 0.0
+
+    def add(self, y: float) -> None:
+        self.gram += np.outer(self.phi, self.phi)
+        self.moment += self.phi * (y - 1.0)
+        self.weight += 1.0
+        self.excess += y - 1.0
+
+    def forget(self, lam: float) -> None:
+        self.gram *= lam
+        self.moment *= lam
+        self.weight *= lam
+        self.excess *= lam
+
+
+def _key(p: JobProfile) -> tuple[float, float, float]:
+    return (p.compute, p.bandwidth, p.memory)
+
 
 class InterferenceModel:
     """Predicts the slowdown (>= 1) of a job's task when co-located with other jobs on a device.
@@ -105,7 +145,7 @@ class InterferenceModel:
       recursive least squares (ridge prior, optional forgetting).
 
     :meth:`predict` uses the linear model once it has ``min_observations`` observations and its
-    prequential error (of the predictions made before each observation) is lower than the size
+    error on co-locations left out of its fit (:meth:`held_out_errors`) is lower than the size
     mean's; :attr:`predictor` says which is in use. A job alone is always predicted 1.0. Profiles
     are fractions of one device (see :class:`JobProfile`); scale them with :meth:`JobProfile.scaled`
     for devices of other capacities.
@@ -150,6 +190,9 @@ class InterferenceModel:
         self._errors = {name: [0.0, 0.0] for name in PREDICTORS}
         #: co-runners -> (forgetting-weighted sum of slowdown - 1, weight)
         self._by_size: dict[int, list[float]] = {}
+        #: (own, others) profiles -> their observations, least recently observed first
+        self._colocations: dict[tuple, _Colocation] = {}
+        self._choice: tuple[int, str, dict] | None = None  # (n_observations, predictor, held-out errors)
 
     # -- features -------------------------------------------------------------------------------
     @staticmethod
@@ -202,8 +245,21 @@ class InterferenceModel:
         size = self._by_size.setdefault(len(others), [0.0, 0.0])
         size[0] = lam * size[0] + (y - 1.0)
         size[1] = lam * size[1] + 1.0
+        self._remember(own, others, phi, y)
         self.n_observations += 1
         return before
+
+    def _remember(self, own: JobProfile, others: list[JobProfile], phi: np.ndarray, y: float) -> None:
+        """Add the observation to its co-location's sums (for :meth:`held_out_errors`)."""
+        if self.forgetting < 1.0:
+            for c in self._colocations.values():
+                c.forget(self.forgetting)
+        key = (_key(own), tuple(sorted(_key(o) for o in others)))
+        c = self._colocations.pop(key, None) or _Colocation(phi, len(others))
+        c.add(y)
+        self._colocations[key] = c  # the most recently observed last
+        if len(self._colocations) > MAX_COLOCATIONS:
+            del self._colocations[next(iter(self._colocations))]
 
     # -- decisions ------------------------------------------------------------------------------
     def _from(self, phi: np.ndarray) -> float:
@@ -212,11 +268,57 @@ class InterferenceModel:
     @property
     def predictor(self) -> str:
         """The predictor :meth:`predict` uses now: ``"linear"`` once it has ``min_observations``
-        observations and the lower error so far, else ``"mean-by-size"``."""
-        lin, size = self._errors["linear"], self._errors["mean-by-size"]
-        if self.n_observations >= self.min_observations and lin[1] > 0 and lin[0] < size[0]:
-            return "linear"
-        return "mean-by-size"
+        observations and the lower error on co-locations left out of its fit
+        (:meth:`held_out_errors`), else ``"mean-by-size"``."""
+        if self.n_observations < self.min_observations:
+            return "mean-by-size"
+        return self._choose()[0]
+
+    def _choose(self) -> tuple[str, dict[str, float | None]]:
+        if self._choice is None or self._choice[0] != self.n_observations:
+            per = self._held_out()
+            errs = {name: (float(np.mean(v)) if v else None) for name, v in per.items()}
+            gain = np.subtract(per["mean-by-size"], per["linear"])  # per co-location: what the linear model saves
+            # the simpler predictor unless the linear one is better by more than one standard error of
+            # that saving (the one-standard-error rule): a tie in the noise keeps the size mean
+            better = gain.size > 1 and gain.mean() > gain.std(ddof=1) / np.sqrt(gain.size)
+            self._choice = (self.n_observations, "linear" if better else "mean-by-size", errs)
+        return self._choice[1], self._choice[2]
+
+    def held_out_errors(self) -> dict[str, float | None]:
+        """Each predictor's error on co-locations it was not fitted on: every co-location kept
+        (:data:`MAX_COLOCATIONS`, the most recent) is left out in turn, the linear model is fitted
+        (ridge least squares, as the recursive fit) and the size means are taken on the others'
+        observations, and both predict its mean slowdown. The mean absolute percentage error over
+        those co-locations (a fraction; None before two co-locations are known): what
+        :attr:`predictor` compares (the linear model must be better by more than the standard error
+        of the difference)."""
+        return dict(self._choose()[1])
+
+    def _held_out(self) -> dict[str, list[float]]:
+        """Each predictor's absolute percentage error on each co-location left out in turn (one
+        batched solve for all of them)."""
+        cols = [c for c in self._colocations.values() if c.size > 0 and c.weight > 0]
+        if len(cols) < 2:
+            return {name: [] for name in PREDICTORS}
+        gram_each = np.stack([c.gram for c in cols])
+        moment_each = np.stack([c.moment for c in cols])
+        gram = self.ridge * np.eye(self.theta.size) + gram_each.sum(axis=0)
+        theta = np.linalg.solve(gram - gram_each, (moment_each.sum(axis=0) - moment_each)[..., None])[..., 0]
+        phi = np.stack([c.phi for c in cols])
+        linear = 1.0 + np.maximum(0.0, np.einsum("ij,ij->i", theta, phi))
+        weight = np.array([c.weight for c in cols])
+        excess = np.array([c.excess for c in cols])
+        sizes = np.array([c.size for c in cols])
+        size = linear.copy()  # a size seen in no other co-location: predict_with falls back to the linear model
+        for n in np.unique(sizes):
+            same = sizes == n
+            rest_w = weight[same].sum() - weight[same]
+            rest_x = excess[same].sum() - excess[same]
+            ok = rest_w > 1e-12
+            size[np.flatnonzero(same)[ok]] = 1.0 + np.maximum(0.0, rest_x[ok] / rest_w[ok])
+        y = 1.0 + excess / weight
+        return {"linear": list(np.abs(linear - y) / y), "mean-by-size": list(np.abs(size - y) / y)}
 
     def predict_with(self, predictor: str, own: JobProfile, others: Iterable[JobProfile]) -> float:
         """The slowdown ``predictor`` (one of :data:`PREDICTORS`) predicts, whichever is in use.
@@ -260,7 +362,8 @@ class InterferenceModel:
 
     def online_errors(self) -> dict[str, float | None]:
         """Each predictor's prequential error (forgetting-weighted mean, a fraction; None before
-        the first observation): what :attr:`predictor` compares."""
+        the first observation), whichever was in use (reported; :attr:`predictor` compares
+        :meth:`held_out_errors`)."""
         return {name: (e[0] / e[1] if e[1] > 0 else None) for name, e in self._errors.items()}
 
     def coefficients(self) -> dict[str, float]:
