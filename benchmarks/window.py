@@ -211,7 +211,7 @@ def lloyd_step(G, centers, it, *, scan_mode, hints, client):
     return centers, time.perf_counter() - t0
 
 
-#: a worker thread's name -> the column its CPU time goes to
+#: (part of a worker thread's name, the column its CPU time goes to)
 THREAD_GROUPS = (("gdask-window-prefetch", "copies"), ("gdask-stream", "tasks"), ("MainThread", "event loop"))
 
 
@@ -227,7 +227,7 @@ def _thread_cpu(dask_worker=None):
     out: dict[str, float] = {}
     for t in psutil.Process().threads():
         name = names.get(t.id, "")
-        group = next((g for prefix, g in THREAD_GROUPS if name.startswith(prefix) or prefix in name), "other")
+        group = next((g for part, g in THREAD_GROUPS if part in name), "other")
         out[group] = out.get(group, 0.0) + t.user_time + t.system_time
     return out
 

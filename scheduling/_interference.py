@@ -146,7 +146,7 @@ class InterferenceModel:
 
     :meth:`predict` uses the linear model once it has ``min_observations`` observations and its
     error on co-locations left out of its fit (:meth:`held_out_errors`) is lower than the size
-    mean's; :attr:`predictor` says which is in use. A job alone is always predicted 1.0. Profiles
+    mean's by more than one standard error; :attr:`predictor` says which is in use. A job alone is always predicted 1.0. Profiles
     are fractions of one device (see :class:`JobProfile`); scale them with :meth:`JobProfile.scaled`
     for devices of other capacities.
 
@@ -268,8 +268,8 @@ class InterferenceModel:
     @property
     def predictor(self) -> str:
         """The predictor :meth:`predict` uses now: ``"linear"`` once it has ``min_observations``
-        observations and the lower error on co-locations left out of its fit
-        (:meth:`held_out_errors`), else ``"mean-by-size"``."""
+        observations and the lower error on co-locations left out of its fit, by more than one
+        standard error (:meth:`held_out_errors`), else ``"mean-by-size"``."""
         if self.n_observations < self.min_observations:
             return "mean-by-size"
         return self._choose()[0]
