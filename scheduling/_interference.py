@@ -146,9 +146,9 @@ class InterferenceModel:
 
     :meth:`predict` uses the linear model once it has ``min_observations`` observations and its
     error on co-locations left out of its fit (:meth:`held_out_errors`) is lower than the size
-    mean's by more than one standard error; :attr:`predictor` says which is in use. A job alone is always predicted 1.0. Profiles
-    are fractions of one device (see :class:`JobProfile`); scale them with :meth:`JobProfile.scaled`
-    for devices of other capacities.
+    mean's by more than one standard error; :attr:`predictor` says which is in use. A job alone is
+    always predicted 1.0. Profiles are fractions of one device (see :class:`JobProfile`); scale them
+    with :meth:`JobProfile.scaled` for devices of other capacities.
 
     Parameters
     ----------

@@ -73,7 +73,7 @@ def _check_window(d):
     assert rows["bound"]["measured"] is False and rows["bound"]["ms_per_iter"] == b["ms_per_iter"]  # the bound's row
     # iteration by iteration: one ratio per iteration of every run, (d) and (a) in turns
     assert len(b["ratio_per_iteration"]) == d["iterations"] * d["repeat"]
-    for r in rows.values():  # the workers' CPU per iteration, by thread (the clock ticks in 10 ms: no group is sure > 0)
+    for r in rows.values():  # the workers' CPU per iteration by thread (clock ticks of 10 ms: no group is sure > 0)
         if r["measured"]:
             cpu = r["worker_cpu_ms_per_iter"]
             assert r["worker_cpu_ms_per_iter_total"] > 0 and set(cpu) <= {"event loop", "tasks", "copies", "other"}
