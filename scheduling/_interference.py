@@ -245,11 +245,11 @@ class InterferenceModel:
         size = self._by_size.setdefault(len(others), [0.0, 0.0])
         size[0] = lam * size[0] + (y - 1.0)
         size[1] = lam * size[1] + 1.0
-        self._remember(own, others, phi, y)
+        self._keep_colocation(own, others, phi, y)
         self.n_observations += 1
         return before
 
-    def _remember(self, own: JobProfile, others: list[JobProfile], phi: np.ndarray, y: float) -> None:
+    def _keep_colocation(self, own: JobProfile, others: list[JobProfile], phi: np.ndarray, y: float) -> None:
         """Add the observation to its co-location's sums (for :meth:`held_out_errors`)."""
         if self.forgetting < 1.0:
             for c in self._colocations.values():
