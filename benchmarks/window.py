@@ -194,13 +194,14 @@ def _trace_get(dask_worker=None):
     return list(getattr(dask_worker, "_bench_trace", []))
 
 
-def lloyd_step(G, centers, it, *, scan_mode, hints, client):
-    """Iteration ``it`` of exact Lloyd, one task per block; returns (new centers, seconds)."""
+def lloyd_step(G, keys, centers, it, *, scan_mode, hints, client):
+    """Iteration ``it`` of exact Lloyd, one task per block (``keys``: ``G``'s block keys, the scan's
+    order); returns (new centers, seconds)."""
     from gdask.window_cache import scan
 
     t0 = time.perf_counter()
     if scan_mode == "alternate":  # forward / backward passes, order hinted to the stores
-        with scan(G.__dask_keys__(), it, client=client, hint=hints):
+        with scan(keys, it, client=client, hint=hints):
             part = G.reduce_blocks(_common.lloyd_partial, _common.lloyd_combine, centers)
     else:  # the plain loop: Dask's own order
         part = G.reduce_blocks(_common.lloyd_partial, _common.lloyd_combine, centers)
@@ -279,6 +280,7 @@ class Config:
         with client.as_current():
             t0 = time.perf_counter()
             self.G = gdask.from_array(self.X, block_rows=a.block_rows).persist()
+            self.keys = self.G.__dask_keys__()
             wait(self.G)
             self.t_persist = time.perf_counter() - t0
         self.setup = stats(client, reset=True)
@@ -292,7 +294,7 @@ class Config:
     def step(self, it):
         """The run's iteration ``it``."""
         with self.client.as_current():
-            self._centers, t = lloyd_step(self.G, self._centers, it, scan_mode=self.scan, hints=self.hints,
+            self._centers, t = lloyd_step(self.G, self.keys, self._centers, it, scan_mode=self.scan, hints=self.hints,
                                           client=self.client)
         self._times.append(t)
 
