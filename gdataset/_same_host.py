@@ -53,6 +53,11 @@ class SharedBlock:
     def __dask_tokenize__(self) -> tuple:
         return ("gdask-shared-block", self.token, self.shape)
 
+    @property
+    def nbytes(self) -> int:
+        """The block's bytes (in its file): what the task that loads it makes, before it has run once."""
+        return sum(np.dtype(dtype).itemsize * length for dtype, length, _ in self.file.specs)
+
 
 def load(block: SharedBlock) -> Any:
     """(On the worker) the block from its file, copied to this worker's device as ``to_device`` does."""

@@ -414,8 +414,8 @@ class GPUPlacement(SchedulerPlugin):
                 b = max(dts.nbytes, 0)
                 for ws in who:
                     local[ws.address] += b
-            else:
-                b = self.model.output_nbytes(dts.prefix.name)
+            else:  # not made yet: its kind's measured output, else (none measured) the data it carries
+                b = self.model.output_nbytes(dts.prefix.name, default=float(_arg_bytes(dts)))
                 plan = planned.get(dts.key)
                 addr = plan[0] if plan else self._pinned.get(dts.key)
                 if plan:

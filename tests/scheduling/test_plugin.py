@@ -318,6 +318,29 @@ def test_blocks_rebalanced_when_measured_speeds_differ():
 
 
 
+def _holders(keys, dask_scheduler=None):
+    return [sorted(ws.address for ws in dask_scheduler.tasks[k].who_has) for k in keys]
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_fresh_clusters_first_pass_runs_where_the_new_blocks_are(shared):
+    """Nothing measured yet (a script's first fit on a cluster it just started): the blocks' sizes come
+    from the data their tasks carry (in the graph, or a file in shared memory), so the first pass over
+    blocks still being made runs where they are made, not on an idle device that would fetch them."""
+    from distributed import Client
+
+    data = np.random.default_rng(3).random((100_000, 24))  # 4 blocks of 4.8 MB: over the shared-memory minimum
+    with dask.config.set({"gdask.gdataset.same-host-transfer": shared, "gdask.scheduling.rebalance": False}):
+        cluster = gdask.LocalGPUCluster(n_devices=2, backend="emulated", device_memory="256MiB",
+                                        dashboard_address=":0")
+        with cluster, Client(cluster) as c:
+            X = gdask.from_array(data, block_rows=25_000).persist()
+            np.testing.assert_allclose(np.asarray(X.sum(axis=0).compute()), data.sum(axis=0))
+            holders = c.run_on_scheduler(_holders, list(X.__dask_keys__()))
+    assert all(len(h) == 1 for h in holders), holders  # no block was copied to another device
+    assert len({h[0] for h in holders}) == 2  # and they are shared out
+
+
 def _skew_measured_speeds(fast, dask_scheduler=None):
     """Feed the placement model durations that make worker ``fast`` look 3x faster than the other."""
     plugin = dask_scheduler.plugins["gdask-placement"]
