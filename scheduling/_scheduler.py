@@ -415,7 +415,9 @@ class GPUPlacement(SchedulerPlugin):
                 for ws in who:
                     local[ws.address] += b
             else:  # not made yet: its kind's measured output, else (none measured) the data it carries
-                b = self.model.output_nbytes(dts.prefix.name, default=float(_arg_bytes(dts)))
+                b = self.model.output_nbytes(dts.prefix.name, default=-1.0)
+                if b < 0:
+                    b = float(_arg_bytes(dts))
                 plan = planned.get(dts.key)
                 addr = plan[0] if plan else self._pinned.get(dts.key)
                 if plan:
