@@ -95,7 +95,8 @@ def _calls(x: Any, host: np.ndarray) -> list[Callable[[], Any]]:
 def _pagerank_calls() -> list[Callable[[], Any]]:
     """PageRank's kernels (:func:`gdask.ml.pagerank` on the workers), each case numba compiles: the
     sweep order's (on the client: sampled and in full), the transpose and the sweeps with weights all
-    1 and not (as float64, and, in one block, as uint8 and float32), in one block (pushed over ``A``
+    1 and not (as float64, and, in one block, as uint8 and float32, or 1 but a few duplicate links'
+    summed: the first graph), in one block (pushed over ``A``
     in either direction, or renumbered, transposed and gathered) and in two, renumbered or not."""
     import scipy.sparse as sp
 
@@ -119,7 +120,7 @@ def _pagerank_calls() -> list[Callable[[], Any]]:
     def one_block(A: Any, order: str) -> None:
         P = direct(A, pos if order == "in-degree" else None)
         P.values = narrow(P.values)
-        _one_block(OneRank(), (P.indptr, P.indices, P.values), P.order, 0.85, 1e-3, 3, order == "descending")
+        _one_block(OneRank(), P.arrays, P.order, 0.85, 1e-3, 3, order == "descending")
 
     calls: list[Callable[[], Any]] = [
         lambda: _sweep_order(graphs[1]),

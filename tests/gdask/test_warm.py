@@ -101,16 +101,18 @@ def test_the_warm_up_compiles_every_kernel_pagerank_runs(tmp_path):
         counts.data = rng.integers(1, 9, counts.nnz).astype(float)
         singles = ones.copy()
         singles.data = rng.uniform(1, 2, ones.nnz).astype(np.float32).astype(float)
+        mostly = ones.copy()
+        mostly.data[::100] = 2.0  # duplicate links summed: weights of 1 but a few
         graphs = (ones, powerlaw_graph(n, seed=0), sp.csr_matrix(ones.multiply(rng.uniform(1, 2, (n, 1)))), counts,
-                  singles)
+                  singles, mostly)
         for A in graphs:
             _clearly_orderless(A)
             order, perm, _ = _sweep_order(A)
             for perm in (None, rng.permutation(n)):
                 P = direct(A, perm)
                 P.values = narrow(P.values)  # as the graph is sent
-                shared = _shm.write([P.indptr, P.indices, P.values], {str(tmp_path)!r})
-                for graph in ((P.indptr, P.indices, P.values), shared):
+                shared = _shm.write(list(P.arrays), {str(tmp_path)!r})
+                for graph in (P.arrays, shared):
                     for descending in (False, True):
                         _one_block(OneRank(), graph, P.order, 0.85, 1e-4, 3, descending and perm is None)
                 _shm.remove(shared)

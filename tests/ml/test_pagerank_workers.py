@@ -10,7 +10,15 @@ import gdask.ml
 from gdask import _shm
 from gdask.ml import _pagerank
 from gdask.ml._pagerank import ORDERLESS, _clearly_orderless, _sweep_order, _worker_blocks, sweep_order
-from gdask.ml._pagerank_loop import OneRank, _one_block, _rank_sweeps, direct, narrow, prepare
+from gdask.ml._pagerank_loop import (
+    EXCEPTIONS_MAX_SHARE,
+    OneRank,
+    _one_block,
+    _rank_sweeps,
+    direct,
+    narrow,
+    prepare,
+)
 from gdask.ml.kernels._pagerank_cpu import (
     order_estimate,
     order_share_keys,
@@ -278,14 +286,19 @@ def _graph_with_weights_and_dangling(n=3000, seed=8, weighted=True):
     return A
 
 
-@pytest.mark.parametrize("weights", ["ones", "counts", "float32", "float64"])
+@pytest.mark.parametrize("weights", ["ones", "mostly-ones", "counts", "float32", "float64"])
 @pytest.mark.parametrize("order", ["ascending", "descending", "in-degree"])
 def test_one_block_sweeps_are_the_gauss_seidel_sweeps_of_the_blocks(weights, order):
     # the one-block loop (pushed over A in node order; renumbered, transposed on the worker and gathered
-    # in the in-degree order; weights sent in the narrowest type that holds them) against the blocked
-    # loop's sweeps of one block with the spread, sweep by sweep (tol 0: a fixed number of sweeps): the
-    # same iterates, to rounding
-    A = _graph_with_weights_and_dangling(weighted=weights != "ones")
+    # in the in-degree order; weights sent in the narrowest type that holds them, or as the few links
+    # that do not weigh 1) against the blocked loop's sweeps of one block with the spread, sweep by
+    # sweep (tol 0: a fixed number of sweeps): the same iterates, to rounding
+    A = _graph_with_weights_and_dangling(weighted=weights not in ("ones", "mostly-ones"))
+    if weights == "mostly-ones":  # duplicate links summed, a link of weight 0, light and heavy ones
+        rows = np.flatnonzero(np.diff(A.indptr))
+        at = A.indptr[rows[[0, 5, 6, 40, 41, -1]]]  # the first node's, the last's, links of neighbours
+        A.data[at] = [2.0, 0.0, 0.25, 3.0, 7.5, 2.0]
+        A.data[A.indptr[rows[7]]:A.indptr[rows[7] + 1]] = 0.5  # every link of a node: out-weight below 1
     if weights == "counts":
         A.data = np.random.default_rng(1).integers(1, 256, A.nnz).astype(float)
     elif weights == "float32":
@@ -293,20 +306,40 @@ def test_one_block_sweeps_are_the_gauss_seidel_sweeps_of_the_blocks(weights, ord
     perm = np.random.default_rng(0).permutation(A.shape[0]) if order == "in-degree" else None
     P = direct(A, perm)
     P.values = narrow(P.values)
-    assert P.values.size == (0 if weights == "ones" else A.nnz)
-    assert P.values.dtype == {"ones": np.float64, "counts": np.uint8, "float32": np.float32,
-                              "float64": np.float64}[weights]
+    assert P.values.size == (0 if weights in ("ones", "mostly-ones") else A.nnz)
+    assert P.values.dtype == {"ones": np.float64, "mostly-ones": np.float64, "counts": np.uint8,
+                              "float32": np.float32, "float64": np.float64}[weights]
+    assert (P.extra.size > 0) == (weights == "mostly-ones")
     pos = None if perm is None else np.argsort(perm)
     Q = prepare(A, pos, 1)
     for sweeps in (1, 2, 7):
-        got = _one_block(OneRank(), (P.indptr, P.indices, P.values), P.order, 0.85, 0.0, sweeps,
-                         order == "descending")
+        got = _one_block(OneRank(), P.arrays, P.order, 0.85, 0.0, sweeps, order == "descending")
         want = _rank_sweeps(OneRank(), [Q.block(0)], Q.out, Q.bounds, 0.85, 0.0, sweeps, order == "descending",
                             spread=True)
         assert got["n_iter"] == want["n_iter"] == sweeps
         ref = want["y"] if pos is None else want["y"][pos]
         np.testing.assert_allclose(got["y"], ref, rtol=1e-12, atol=0)
         assert got["y"].sum() == pytest.approx(1.0, abs=1e-12)
+
+
+def test_links_of_weight_one_but_a_few_go_without_their_weights():
+    # a few links that do not weigh 1 go as positions and weights; from more than EXCEPTIONS_MAX_SHARE of
+    # the links, the weights go whole; weights all equal (not 1): none
+    A = _graph_with_weights_and_dangling(weighted=False)
+    few = int(A.nnz * EXCEPTIONS_MAX_SHARE)
+    at = np.sort(np.random.default_rng(2).choice(A.nnz, few, replace=False))
+    A.data[at] = 2.0
+    P = direct(A, None)
+    assert P.values.size == 0
+    np.testing.assert_array_equal(P.extra, at)
+    np.testing.assert_array_equal(P.extra_w, 2.0)
+    B = A.copy()
+    B.data[np.setdiff1d(np.arange(A.nnz), at)[:1]] = 3.0  # one more
+    Q = direct(B, None)
+    assert Q.extra.size == Q.extra_w.size == 0 and Q.values is B.data
+    A.data[:] = 4.0
+    R = direct(A, None)
+    assert R.values.size == R.extra.size == R.extra_w.size == 0
 
 
 @pytest.mark.parametrize("order", ["ascending", "in-degree"])
@@ -318,7 +351,7 @@ def test_one_block_change_bounds_the_ranks_change(order):
     P = direct(A, perm)
     prev = np.full(A.shape[0], 1.0 / A.shape[0])
     for k in range(1, 12):
-        res = _one_block(OneRank(), (P.indptr, P.indices, P.values), P.order, 0.85, 0.0, k, False)
+        res = _one_block(OneRank(), P.arrays, P.order, 0.85, 0.0, k, False)
         true = np.abs(res["y"] - prev).sum()
         bound = res["history"][-1]["change"]
         assert true * (1 - 1e-9) <= bound <= 2 * true * (1 + 1e-9) + 1e-15

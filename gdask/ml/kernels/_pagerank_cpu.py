@@ -26,9 +26,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["finish_sweep", "inverse_out_weights", "order_estimate", "order_share_keys", "order_shares", "push_init",
-           "push_sweep", "received_weights", "scale_block", "sort_by_key", "sweep_block", "transpose_renumber",
-           "unsigned", "weight_kind"]
+__all__ = ["finish_sweep", "inverse_out_weights", "ones_except", "order_estimate", "order_share_keys", "order_shares",
+           "push_init", "push_sweep", "received_weights", "scale_block", "sort_by_key", "sweep_block",
+           "transpose_renumber", "unsigned", "weight_kind"]
 
 
 def unsigned(a: np.ndarray) -> np.ndarray:
@@ -334,17 +334,33 @@ def inverse_out_weights(indptr, values, inv):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True)
-def push_init(indptr, indices, values, pos, descending, y, inv, acc):  # pragma: no cover - compiled
+def ones_except(data, limit):  # pragma: no cover - compiled
+    """The positions of the weights in ``data`` other than 1, ascending, if there are at most
+    ``limit`` of them (else None): the links that :func:`push_sweep` corrects when the others all
+    weigh 1 (duplicate links summed by SciPy leave a few weights of 2 among millions of 1)."""
+    out = np.empty(limit, np.int64)
+    m = 0
+    for k in range(data.shape[0]):
+        if data[k] != 1.0:
+            if m == limit:
+                return None
+            out[m] = k
+            m += 1
+    return out[:m].copy()
+
+
+@njit(nogil=True, cache=True)
+def push_init(indptr, indices, values, extra, extra_w, descending, y, inv, acc):  # pragma: no cover - compiled
     """Into ``inv`` the inverse out-weight of every node (0 for dangling nodes), and into ``acc``
     what each node ``t`` receives from ``x = inv * y`` of the nodes swept after it, or itself: the
-    accumulators as they stand before ``t``'s first update in :func:`push_sweep` (node ``s`` is swept
-    at ``pos[s]``, or at ``s`` (``n - 1 - s`` with ``descending``) when ``pos`` is empty). Returns
-    the sum of the dangling nodes' ``y``."""
+    accumulators as they stand before ``t``'s first update in :func:`push_sweep` (node order,
+    descending with ``descending``). The weights as in :func:`push_sweep`. Returns the sum of the
+    dangling nodes' ``y``."""
     n = indptr.shape[0] - 1
     weighted = values.shape[0] > 0
-    renum = pos.shape[0] > 0
     acc[:] = 0.0
     dangling = 0.0
+    c = 0
     for s in range(n):
         a = np.uint64(indptr[s])
         z = np.uint64(indptr[s + 1])
@@ -354,36 +370,45 @@ def push_init(indptr, indices, values, pos, descending, y, inv, acc):  # pragma:
                 o += values[k]
         else:
             o = float(z - a)
+            e = c
+            while e < extra.shape[0] and np.uint64(extra[e]) < z:
+                o += extra_w[e] - 1.0
+                e += 1
         w0 = 1.0 / o if o > 0 else 0.0
         inv[s] = w0
         if w0 == 0.0:
             dangling += y[s]
-        ps = np.int64(pos[s]) if renum else (n - 1 - s if descending else s)
         xs = w0 * y[s]
         for k in range(a, z):
             t = np.uint64(indices[k])
-            pt = np.int64(pos[t]) if renum else (n - 1 - np.int64(t) if descending else np.int64(t))
-            if pt <= ps:
+            if (t >= np.uint64(s)) if descending else (t <= np.uint64(s)):
                 acc[t] += values[k] * xs if weighted else xs
+        while c < extra.shape[0] and np.uint64(extra[c]) < z:
+            t = np.uint64(indices[np.uint64(extra[c])])
+            if (t >= np.uint64(s)) if descending else (t <= np.uint64(s)):
+                acc[t] += (extra_w[c] - 1.0) * xs
+            c += 1
     return dangling
 
 
 @njit(nogil=True, cache=True)
-def push_sweep(indptr, indices, values, order, descending, inv, acc, y, damping,
+def push_sweep(indptr, indices, values, extra, extra_w, descending, inv, acc, y, damping,
                teleport):  # pragma: no cover - compiled
     """One Gauss-Seidel sweep of ``y = damping * A.T @ (inv * y) + teleport`` over ``A`` (CSR, row =
-    source, unsigned indices; ``values`` of length 0: every weight is 1), in place on ``y`` and the
-    accumulators ``acc`` (see :func:`push_init`). Nodes in the order ``order`` (length 0: node order,
-    descending with ``descending``). Returns the L1 change of ``y``, the sum of its new values and
-    that of the dangling nodes' (``inv == 0``)."""
+    source, unsigned indices), in place on ``y`` and the accumulators ``acc`` (see :func:`push_init`),
+    in node order (descending with ``descending``). The weights: ``values``, or (``values`` of length
+    0) 1 but at the ascending positions ``extra`` of the links, which weigh ``extra_w`` (each such
+    link's add corrected after its node's links: ``(w - 1) * x``). Returns the L1 change of ``y``,
+    the sum of its new values and that of the dangling nodes' (``inv == 0``)."""
     n = indptr.shape[0] - 1
     weighted = values.shape[0] > 0
-    renum = order.shape[0] > 0
+    ne = extra.shape[0]
+    c = ne - 1 if descending else 0  # the next correction: the nodes come in the order of the positions
     change = 0.0
     total = 0.0
     dangling = 0.0
     for i in range(n):
-        j = np.uint64(order[i]) if renum else np.uint64(n - 1 - i if descending else i)
+        j = np.uint64(n - 1 - i if descending else i)
         v = damping * acc[j] + teleport
         acc[j] = 0.0
         change += abs(v - y[j])
@@ -401,4 +426,12 @@ def push_sweep(indptr, indices, values, order, descending, inv, acc, y, damping,
         else:
             for k in range(a, z):
                 acc[np.uint64(indices[k])] += xj
+        if descending:
+            while c >= 0 and np.uint64(extra[c]) >= a:
+                acc[np.uint64(indices[np.uint64(extra[c])])] += (extra_w[c] - 1.0) * xj
+                c -= 1
+        else:
+            while c < ne and np.uint64(extra[c]) < z:
+                acc[np.uint64(indices[np.uint64(extra[c])])] += (extra_w[c] - 1.0) * xj
+                c += 1
     return change, total, dangling
