@@ -220,8 +220,8 @@ def _one_block(comm: Any, graph: Any, order: Any, damping: float, tol: float, ma
     inv = np.empty(n)
     pos = None
     if order.size:
-        if extra.size:  # the weights whole: the transpose carries them
-            values = np.ones(len(indices))
+        if extra.size:  # the weights whole (in the narrowest type that holds them): the transpose carries them
+            values = np.ones(len(indices), (np.uint8, np.float32, np.float64)[weight_kind(extra_w)])
             values[extra] = extra_w
         pos = np.empty(n, order.dtype)
         pos[order.astype(np.int64)] = np.arange(n, dtype=order.dtype)
