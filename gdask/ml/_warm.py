@@ -95,9 +95,9 @@ def _calls(x: Any, host: np.ndarray) -> list[Callable[[], Any]]:
 def _pagerank_calls() -> list[Callable[[], Any]]:
     """PageRank's kernels (:func:`gdask.ml.pagerank` on the workers), each case numba compiles: the
     sweep order's (on the client: sampled and in full), the transpose and the sweeps with weights all
-    1 and not (as float64, and, in one block, as uint8 and float32, or 1 but a few duplicate links'
-    summed: the first graph), in one block (pushed over ``A``
-    in either direction, or renumbered, transposed and gathered) and in two, renumbered or not."""
+    1 and not (as float64, and, in one block, as uint8 and float32, or as the few weights other than 1
+    of the first graph's duplicate links), in one block (pushed over ``A`` in either direction, or
+    renumbered, transposed and gathered) and in two, renumbered or not."""
     import scipy.sparse as sp
 
     from gdask.ml._pagerank import _sweep_order
