@@ -597,7 +597,9 @@ def _finish_workers(res: dict, P: Any, order: str, pos: np.ndarray | None, progr
             bar.update(record)
     finally:
         bar.close(converged=res["converged"])
-    y = res["y"] if pos is None else res["y"][pos]
+    # a new array either way: NumPy's sum of an array that came through a socket at an odd offset (not
+    # 8-byte aligned) can differ in the last bit from the same values read from a file
+    y = res["y"].copy() if pos is None else res["y"][pos]
     r = y / y.sum()
     if return_info:
         return r, {"n_iter": res["n_iter"], "converged": res["converged"], "history": res["history"],

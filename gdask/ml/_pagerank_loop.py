@@ -52,12 +52,14 @@ from gdask._compat import scheduler_workers
 from gdask.gdataset.collective import CollectiveError, run_on_workers
 from gdask.ml.kernels._pagerank_cpu import (
     finish_sweep,
+    fold_sources,
     inverse_out_weights,
     ones_except,
     push_init,
     push_sweep,
     scale_block,
     sweep_block,
+    sweep_folded,
     transpose_renumber,
     unsigned,
     weight_kind,
@@ -202,7 +204,7 @@ def _one_block(comm: Any, graph: Any, order: Any, damping: float, tol: float, ma
     The scaling costs no pass over the nodes: the vectors keep the scale of the last sweep's values
     (sum ``total``) and the sweep's constant term is scaled to it instead. Nor does the change of the
     ranks ``y / total``: it is bounded by ``(sum |y - y_last| + |total - total_last|) / total`` from
-    the sweep's own sums (stricter than the change itself, by at most a factor of 2).
+    the sweep's own sums (stricter than the change itself, by at most ``2 |total - total_last| / total``).
 
     ``graph`` and ``order`` may come as :class:`~gdask._shm.SharedArrays`; then the ranks go
     back through the file ``y_file`` (the result holds ``"y": None``), or, when the files are not
@@ -218,26 +220,10 @@ def _one_block(comm: Any, graph: Any, order: Any, damping: float, tol: float, ma
     teleport = (1.0 - damping) / n
     y = np.full(n, 1.0 / n)
     inv = np.empty(n)
-    pos = None
+    pos, fill = None, None
     if order.size:
-        if extra.size:  # the weights whole (in the narrowest type that holds them): the transpose carries them
-            values = np.ones(len(indices), (np.uint8, np.float32, np.float64)[weight_kind(extra_w)])
-            values[extra] = extra_w
-        pos = np.empty(n, order.dtype)
-        pos[order.astype(np.int64)] = np.arange(n, dtype=order.dtype)
-        inverse_out_weights(indptr, values, y)  # (y as scratch) the inverse out-weights, renumbered
-        inv[pos] = y
-        y[:] = 1.0 / n
-        mptr = np.empty(n + 1, np.int64)
-        midx = np.empty(len(indices), indices.dtype)
-        mval = np.empty(len(values))
-        transpose_renumber(indptr.astype(np.int64), indices, values, pos, mptr, midx, mval, np.zeros(1, np.uint8))
-        mptr = mptr.astype(np.uint32 if len(indices) < 2 ** 32 else np.uint64)
-        x = inv * y
+        pos, sweep, fill = _folded_gathers(indptr, indices, values, extra, extra_w, order, damping, y, inv)
         dangling = float(y[inv == 0.0].sum())
-
-        def sweep(base):
-            return sweep_block(mptr, midx, mval, 0, x, x, inv, y, damping, base, False, True)
     else:
         acc = np.empty(n)
         dangling = push_init(indptr, indices, values, extra, extra_w, descending, y, inv, acc)
@@ -258,12 +244,58 @@ def _one_block(comm: Any, graph: Any, order: Any, damping: float, tol: float, ma
         if change <= tol:
             converged = True
             break
+    if fill is not None:
+        fill()
     y *= 1.0 / last
     if pos is not None:
         y = y[pos]
     if y_file is not None and _shm.write_out(y_file, y):
         y = None
     return {"y": y, "n_iter": it, "converged": converged, "history": history}
+
+
+def _folded_gathers(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, extra: np.ndarray,
+                    extra_w: np.ndarray, order: np.ndarray, damping: float, y: np.ndarray, inv: np.ndarray) -> tuple:
+    """(In :func:`_one_block`) the sweeps in the order ``order`` (ascending received rank): ``A``
+    renumbered and transposed into ``M``, into ``inv`` the inverse out-weights (renumbered), ``y``
+    left at ``1 / n``. The nodes that receive no link and come first (the order's start: a few on
+    random graphs, 99% of the nodes on one whose links end in a few thousand hubs) are taken out of
+    the sweeps (:func:`fold_sources`): each sweep gives them its constant term, so what they send a
+    row is that term times a sum made once. Returns (``pos``, ``sweep(base)``, ``fill()``: their
+    values into ``y`` after the last sweep)."""
+    n = len(indptr) - 1
+    if extra.size:  # the weights whole (in the narrowest type that holds them): the transpose carries them
+        values = np.ones(len(indices), (np.uint8, np.float32, np.float64)[weight_kind(extra_w)])
+        values[extra] = extra_w
+    pos = np.empty(n, order.dtype)
+    pos[order.astype(np.int64)] = np.arange(n, dtype=order.dtype)
+    inverse_out_weights(indptr, values, y)  # (y as scratch) the inverse out-weights, renumbered
+    inv[pos] = y
+    y[:] = 1.0 / n
+    mptr = np.empty(n + 1, np.int64)
+    midx = np.empty(len(indices), indices.dtype)
+    mval = np.empty(len(values))
+    transpose_renumber(indptr.astype(np.int64), indices, values, pos, mptr, midx, mval, np.zeros(1, np.uint8))
+    receive = np.flatnonzero(mptr[1:] != mptr[:-1])
+    p = int(receive[0]) if receive.size else n  # the leading nodes that receive nothing
+    pre = np.zeros(n)
+    if p:
+        kept = fold_sources(mptr, midx, mval, inv, p, pre)
+        midx, mval = midx[:kept], mval[:kept] if mval.size else mval
+    mptr = mptr.astype(np.uint32 if len(indices) < 2 ** 32 else np.uint64)
+    x = inv * y
+    p_dangling = int(np.count_nonzero(inv[:p] == 0.0))
+    state = [1.0 / n]  # the leading nodes' value: 1 / n, then each sweep's constant term
+
+    def sweep(base):
+        out = sweep_folded(mptr, midx, mval, pre, p, p_dangling, x, inv, y, damping, base, state[0])
+        state[0] = base
+        return out
+
+    def fill():
+        y[:p] = state[0]
+
+    return pos, sweep, fill
 
 
 def _rank_sweeps(comm: Any, blocks: list, out: np.ndarray, bounds: np.ndarray, damping: float, tol: float,

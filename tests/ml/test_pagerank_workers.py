@@ -20,9 +20,11 @@ from gdask.ml._pagerank_loop import (
     prepare,
 )
 from gdask.ml.kernels._pagerank_cpu import (
+    fold_sources,
     order_estimate,
     order_share_keys,
     sort_by_key,
+    sweep_block,
     transpose_renumber,
     unsigned,
 )
@@ -342,10 +344,72 @@ def test_links_of_weight_one_but_a_few_go_without_their_weights():
     assert R.values.size == R.extra.size == R.extra_w.size == 0
 
 
+def _hub_graph(weighted, n=4000, seed=12):
+    """Links from every node but a few into 150 hubs (Zipf-like), some hubs linking back to random nodes:
+    most nodes receive no link (taken out of the in-degree order's sweeps), some dangle, a few are isolated."""
+    rng = np.random.default_rng(seed)
+    m = 5 * n
+    src = rng.integers(0, n - 40, m)  # the last 40 nodes send nothing
+    dst = np.minimum(rng.zipf(1.6, m) - 1, 149)
+    back = rng.random(m) < 0.02  # some links to random nodes (they then receive)
+    dst[back] = rng.integers(0, n, int(back.sum()))
+    w = rng.uniform(0.5, 3.0, m) if weighted else np.ones(m)
+    A = sp.csr_matrix((w, (src, dst)), shape=(n, n))
+    A.data[:] = A.data if weighted else 1.0
+    return A
+
+
+def _received_order(A):
+    """The nodes by the number of links they receive, ascending (the nodes receiving none first)."""
+    return np.argsort(np.bincount(A.indices, minlength=A.shape[0]), kind="stable")
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_one_block_takes_the_nodes_that_receive_nothing_out_of_the_sweeps(weighted):
+    # the in-degree order starts with the nodes that receive no link: their links leave the transposed
+    # graph, folded into one sum per row, and their rows are not swept. The same iterates, sweep by sweep,
+    # as the blocked loop's sweeps of the whole graph
+    A = _hub_graph(weighted)
+    perm = _received_order(A)
+    p = int((np.bincount(A.indices, minlength=A.shape[0]) == 0).sum())
+    assert p > A.shape[0] // 2
+    P = direct(A, perm)
+    P.values = narrow(P.values)
+    pos = np.argsort(perm)
+    Q = prepare(A, pos, 1)
+    for sweeps in (1, 2, 7, 30):
+        got = _one_block(OneRank(), P.arrays, P.order, 0.85, 0.0, sweeps, False)
+        want = _rank_sweeps(OneRank(), [Q.block(0)], Q.out, Q.bounds, 0.85, 0.0, sweeps, False, spread=True)
+        np.testing.assert_allclose(got["y"], want["y"][pos], rtol=1e-12, atol=0)
+    # the changes the loop stops on: as the sweeps of every row over the whole transposed graph record them
+    n = A.shape[0]
+    inv = np.zeros(n)
+    np.divide(1.0, Q.out, out=inv, where=Q.out > 0)
+    y = np.full(n, 1.0 / n)
+    x = inv * y
+    dangling, last, changes = float(y[inv == 0].sum()), float(y.sum()), []
+    for _ in range(30):
+        diff, total, dangling = sweep_block(Q.indptr, Q.indices, Q.values, 0, x, x, inv, y, 0.85,
+                                            0.15 / n * last + 0.85 * dangling / n, False, True)
+        changes.append((diff + abs(total - last)) / total)
+        last = total
+    np.testing.assert_allclose([h["change"] for h in got["history"]], changes, rtol=1e-6, atol=1e-12)  # to rounding
+    # the fold itself: what the first p nodes send each row, at one value c each, is c times its sum
+    ptr, idx, val = Q.indptr.copy(), Q.indices.copy(), Q.values.copy()
+    pre = np.zeros(A.shape[0])
+    kept = fold_sources(ptr, idx, val, inv, p, pre)
+    assert kept == int((Q.indices >= p).sum()) and (idx[:kept] >= p).all()
+    y = np.random.default_rng(0).random(A.shape[0])
+    y[:p] = 0.3
+    full = sp.csr_matrix((Q.values if weighted else np.ones(Q.indices.size), Q.indices, Q.indptr), shape=A.shape)
+    left = sp.csr_matrix((val[:kept] if weighted else np.ones(kept), idx[:kept], ptr), shape=A.shape)
+    np.testing.assert_allclose(full @ (inv * y), 0.3 * pre + left @ (inv * y), rtol=1e-12)
+
+
 @pytest.mark.parametrize("order", ["ascending", "in-degree"])
 def test_one_block_change_bounds_the_ranks_change(order):
-    # each sweep's recorded change bounds the L1 change of the ranks from the sweep before, at most
-    # twice over: the loop never stops before the ranks changed by tol or less
+    # each sweep's recorded change bounds the L1 change of the ranks from the sweep before (here at most
+    # twice over): the loop never stops before the ranks changed by tol or less
     A = _graph_with_weights_and_dangling(seed=9)
     perm = np.random.default_rng(1).permutation(A.shape[0]) if order == "in-degree" else None
     P = direct(A, perm)

@@ -26,9 +26,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["finish_sweep", "inverse_out_weights", "ones_except", "order_estimate", "order_share_keys", "order_shares",
-           "push_init", "push_sweep", "received_weights", "scale_block", "sort_by_key", "sweep_block",
-           "transpose_renumber", "unsigned", "weight_kind"]
+__all__ = ["finish_sweep", "fold_sources", "inverse_out_weights", "ones_except", "order_estimate", "order_share_keys",
+           "order_shares", "push_init", "push_sweep", "received_weights", "scale_block", "sort_by_key", "sweep_block",
+           "sweep_folded", "transpose_renumber", "unsigned", "weight_kind"]
 
 
 def unsigned(a: np.ndarray) -> np.ndarray:
@@ -255,6 +255,69 @@ def sweep_block(indptr, indices, values, lo, x, xprev, inv, y, damping, teleport
                 v = x[c] if c - ulo < span else xprev[c]  # unsigned: one compare for lo <= c < hi
                 s += values[k] * v if weighted else v
         r = lo + i
+        v = damping * s + teleport
+        change += abs(v - y[r])
+        total += v
+        y[r] = v
+        w0 = inv[r]
+        if w0 == 0.0:
+            dangling += v
+        x[r] = w0 * v
+    return change, total, dangling
+
+
+@njit(nogil=True, cache=True)
+def fold_sources(indptr, indices, values, inv, p, pre):  # pragma: no cover - compiled
+    """In place on ``M`` (CSR, row = destination, unsigned indices, ``values`` of length 0: every
+    weight is 1) whose first ``p`` nodes receive no links: their links leave every row, summed into
+    ``pre[r] = sum of w * inv[c]`` over them (each such node's value in a sweep is the sweep's
+    constant term, the same for all: :func:`sweep_folded`). Returns the number of links left; the
+    row pointers are rewritten."""
+    n = indptr.shape[0] - 1
+    weighted = values.shape[0] > 0
+    up = np.uint64(p)
+    q = 0
+    a = indptr[0]
+    for r in range(n):
+        z = indptr[r + 1]
+        s = 0.0
+        for k in range(a, z):
+            c = np.uint64(indices[k])
+            if c < up:
+                s += values[k] * inv[c] if weighted else inv[c]
+            else:
+                indices[q] = indices[k]
+                if weighted:
+                    values[q] = values[k]
+                q += 1
+        pre[r] = s
+        indptr[r + 1] = q
+        a = z
+    return q
+
+
+@njit(nogil=True, cache=True)
+def sweep_folded(indptr, indices, values, pre, p, p_dangling, x, inv, y, damping, teleport,
+                 prev):  # pragma: no cover - compiled
+    """One Gauss-Seidel sweep of ``y = damping * M @ x + teleport`` (``x = inv * y``) over all of
+    ``M``, ascending, as :func:`sweep_block` alone, when :func:`fold_sources` took the links of the
+    first ``p`` nodes (no links in: each is ``teleport`` after the sweep, ``prev`` before it; of them
+    ``p_dangling`` have no links out) out of ``M``: each row adds ``teleport * pre[r]`` for them, and
+    their rows are not visited (their ``y`` and ``x`` are not written). Returns the L1 change of
+    ``y``, the sum of its new values and that of the dangling nodes'."""
+    n = indptr.shape[0] - 1
+    weighted = values.shape[0] > 0
+    change = p * abs(teleport - prev)
+    total = p * teleport
+    dangling = p_dangling * teleport
+    for r in range(p, n):
+        s = teleport * pre[r]
+        if weighted:
+            for k in range(np.uint64(indptr[r]), np.uint64(indptr[r + 1])):
+                s += values[k] * x[np.uint64(indices[k])]
+        else:
+            for k in range(np.uint64(indptr[r]), np.uint64(indptr[r + 1])):
+                s += x[np.uint64(indices[k])]
         v = damping * s + teleport
         change += abs(v - y[r])
         total += v
