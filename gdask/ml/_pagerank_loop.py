@@ -198,7 +198,7 @@ def _one_block(comm: Any, graph: Any, order: Any, damping: float, tol: float, ma
     arrays), the dangling rank spread each sweep and ``y`` scaled to a sum of 1 between sweeps, until
     the ranks change by at most ``tol`` (L1): the sweeps of :func:`_rank_sweeps` on one block with
     ``spread``, in node order (``order`` empty) over ``A`` itself (:func:`push_sweep`), else over ``M``
-    renumbered by ``order``, transposed here (:func:`sweep_block`: its gathers read the hubs' values,
+    renumbered by ``order``, transposed here (:func:`sweep_folded`: its gathers read the hubs' values,
     where the pushes would queue on the hubs' accumulators).
 
     The scaling costs no pass over the nodes: the vectors keep the scale of the last sweep's values
