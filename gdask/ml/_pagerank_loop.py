@@ -164,19 +164,19 @@ def direct(A: Any, perm: np.ndarray | None) -> Direct:
     others as positions and weights: the sweeps then read no weight a link (20M links: 65-72 -> 55-61
     ms a sweep against uint8 weights, in turn in one process)."""
     n = A.shape[0]
-    lo_w = float(A.data.min()) if A.nnz else 1.0
-    uniform = A.nnz == 0 or (lo_w > 0 and lo_w == float(A.data.max()))
     small = A.nnz < 2 ** 32
     indptr = A.indptr.astype(np.uint32 if small else np.uint64)
     udt = np.uint32 if n < 2 ** 32 else np.uint64
     order = np.empty(0, udt) if perm is None else np.asarray(perm).astype(udt)
-    values, extra = (np.empty(0), np.empty(0, np.int64)) if uniform else (A.data, None)
+    # one pass over the weights where they weigh 1 but a few (none, or duplicate links): the min and max
+    # (every weight the same, not 1) are read only for the others
+    extra = ones_except(A.data, int(A.nnz * EXCEPTIONS_MAX_SHARE))
+    values = np.empty(0)
     if extra is None:
-        extra = ones_except(A.data, int(A.nnz * EXCEPTIONS_MAX_SHARE))
-        if extra is None:
-            extra = np.empty(0, np.int64)
-        else:
-            values = np.empty(0)
+        extra = np.empty(0, np.int64)
+        lo_w = float(A.data.min())
+        if not (lo_w > 0 and lo_w == float(A.data.max())):
+            values = A.data
     return Direct(n=n, indptr=indptr, indices=unsigned(A.indices), values=values, order=order, extra=extra,
                   extra_w=A.data[extra])
 
