@@ -52,7 +52,6 @@ from gdask._compat import scheduler_workers
 from gdask.gdataset.collective import CollectiveError, run_on_workers
 from gdask.ml.kernels._pagerank_cpu import (
     finish_sweep,
-    fold_sources,
     inverse_out_weights,
     ones_except,
     push_init,
@@ -60,6 +59,7 @@ from gdask.ml.kernels._pagerank_cpu import (
     scale_block,
     sweep_block,
     sweep_folded,
+    transpose_fold,
     transpose_renumber,
     unsigned,
     weight_kind,
@@ -260,9 +260,9 @@ def _folded_gathers(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray,
     renumbered and transposed into ``M``, into ``inv`` the inverse out-weights (renumbered), ``y``
     left at ``1 / n``. The nodes that receive no link and come first (the order's start: a few on
     random graphs, 99% of the nodes on one whose links end in a few thousand hubs) are taken out of
-    the sweeps (:func:`fold_sources`): each sweep gives them its constant term, so what they send a
-    row is that term times a sum made once. Returns (``pos``, ``sweep(base)``, ``fill()``: their
-    values into ``y`` after the last sweep)."""
+    the sweeps (:func:`transpose_fold` leaves their links out of ``M``): each sweep gives them its
+    constant term, so what they send a row is that term times a sum made once. Returns (``pos``,
+    ``sweep(base)``, ``fill()``: their values into ``y`` after the last sweep)."""
     n = len(indptr) - 1
     if extra.size:  # the weights whole (in the narrowest type that holds them): the transpose carries them
         values = np.ones(len(indices), (np.uint8, np.float32, np.float64)[weight_kind(extra_w)])
@@ -275,13 +275,9 @@ def _folded_gathers(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray,
     mptr = np.empty(n + 1, np.int64)
     midx = np.empty(len(indices), indices.dtype)
     mval = np.empty(len(values))
-    transpose_renumber(indptr.astype(np.int64), indices, values, pos, mptr, midx, mval, np.zeros(1, np.uint8))
-    receive = np.flatnonzero(mptr[1:] != mptr[:-1])
-    p = int(receive[0]) if receive.size else n  # the leading nodes that receive nothing
     pre = np.zeros(n)
-    if p:
-        kept = fold_sources(mptr, midx, mval, inv, p, pre)
-        midx, mval = midx[:kept], mval[:kept] if mval.size else mval
+    p, kept = transpose_fold(indptr.astype(np.int64), indices, values, pos, inv, mptr, midx, mval, pre)
+    midx, mval = midx[:kept], mval[:kept] if mval.size else mval
     mptr = mptr.astype(np.uint32 if len(indices) < 2 ** 32 else np.uint64)
     x = inv * y
     p_dangling = int(np.count_nonzero(inv[:p] == 0.0))

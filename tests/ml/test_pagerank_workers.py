@@ -20,11 +20,11 @@ from gdask.ml._pagerank_loop import (
     prepare,
 )
 from gdask.ml.kernels._pagerank_cpu import (
-    fold_sources,
     order_estimate,
     order_share_keys,
     sort_by_key,
     sweep_block,
+    transpose_fold,
     transpose_renumber,
     unsigned,
 )
@@ -395,15 +395,59 @@ def test_one_block_takes_the_nodes_that_receive_nothing_out_of_the_sweeps(weight
         last = total
     np.testing.assert_allclose([h["change"] for h in got["history"]], changes, rtol=1e-6, atol=1e-12)  # to rounding
     # the fold itself: what the first p nodes send each row, at one value c each, is c times its sum
-    ptr, idx, val = Q.indptr.copy(), Q.indices.copy(), Q.values.copy()
-    pre = np.zeros(A.shape[0])
-    kept = fold_sources(ptr, idx, val, inv, p, pre)
+    ptr, idx, val, pre = _fold(A, pos, inv, weighted)
+    kept = int(ptr[-1])
     assert kept == int((Q.indices >= p).sum()) and (idx[:kept] >= p).all()
     y = np.random.default_rng(0).random(A.shape[0])
     y[:p] = 0.3
     full = sp.csr_matrix((Q.values if weighted else np.ones(Q.indices.size), Q.indices, Q.indptr), shape=A.shape)
     left = sp.csr_matrix((val[:kept] if weighted else np.ones(kept), idx[:kept], ptr), shape=A.shape)
     np.testing.assert_allclose(full @ (inv * y), 0.3 * pre + left @ (inv * y), rtol=1e-12)
+
+
+def _fold(A, pos, inv, weighted):
+    """:func:`transpose_fold` of ``A`` renumbered by ``pos``: ``M``'s row pointers, indices and values
+    less the links of the nodes that receive nothing and come first, and their sums per row."""
+    n = A.shape[0]
+    ptr, idx = np.empty(n + 1, np.int64), np.empty(A.nnz, np.uint32)
+    val, pre = np.empty(A.nnz if weighted else 0), np.zeros(n)
+    p, kept = transpose_fold(A.indptr.astype(np.int64), unsigned(A.indices), A.data, pos.astype(np.uint32), inv, ptr,
+                             idx, val, pre)
+    assert p == int((np.bincount(A.indices, minlength=n) == 0).sum()) and kept == ptr[-1]  # received order: they lead
+    return ptr, idx, val, pre
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("graph", ["hubs", "random"])
+def test_transpose_fold_is_the_transpose_less_the_first_nodes_links(graph, weighted):
+    # most links come from nodes that receive none (hubs: the links left are counted) or few do (random:
+    # their links are taken off the counts); either way M's other links stay, in M's order, and each row's
+    # sum over the first p nodes' links is what the transpose's row held
+    if graph == "hubs":
+        A = _hub_graph(weighted)
+    else:
+        rng = np.random.default_rng(21)
+        n, m = 3000, 9000
+        w = rng.uniform(0.5, 3.0, m) if weighted else np.ones(m)
+        A = sp.csr_matrix((w, (rng.integers(0, n, m), rng.integers(0, n, m))), shape=(n, n))
+        A.data[:] = A.data if weighted else 1.0
+    n = A.shape[0]
+    perm = _received_order(A)
+    pos = np.argsort(perm)
+    p = int((np.bincount(A.indices, minlength=n) == 0).sum())
+    inv = np.random.default_rng(5).random(n)
+    Q = prepare(A, pos, 1)  # the whole transpose (transpose_renumber)
+    ptr, idx, val, pre = _fold(A, pos, inv, weighted)
+    links_folded = int(np.diff(A.indptr)[perm[:p]].sum())
+    assert (2 * links_folded > A.nnz) == (graph == "hubs") and p > 0
+    keep = Q.indices >= p
+    rows = np.repeat(np.arange(n), np.diff(Q.indptr))
+    np.testing.assert_array_equal(np.diff(ptr), np.bincount(rows[keep], minlength=n))
+    np.testing.assert_array_equal(idx[:ptr[-1]], Q.indices[keep])
+    if weighted:
+        np.testing.assert_array_equal(val[:ptr[-1]], Q.values[keep])
+    terms = (Q.values[~keep] if weighted else 1.0) * inv[Q.indices[~keep]]
+    np.testing.assert_allclose(pre, np.bincount(rows[~keep], terms, minlength=n), rtol=1e-12, atol=0)
 
 
 @pytest.mark.parametrize("order", ["ascending", "in-degree"])

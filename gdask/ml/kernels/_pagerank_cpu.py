@@ -26,9 +26,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["finish_sweep", "fold_sources", "inverse_out_weights", "ones_except", "order_estimate", "order_share_keys",
+__all__ = ["finish_sweep", "inverse_out_weights", "ones_except", "order_estimate", "order_share_keys",
            "order_shares", "push_init", "push_sweep", "received_weights", "scale_block", "sort_by_key", "sweep_block",
-           "sweep_folded", "transpose_renumber", "unsigned", "weight_kind"]
+           "sweep_folded", "transpose_fold", "transpose_renumber", "unsigned", "weight_kind"]
 
 
 def unsigned(a: np.ndarray) -> np.ndarray:
@@ -267,40 +267,74 @@ def sweep_block(indptr, indices, values, lo, x, xprev, inv, y, damping, teleport
 
 
 @njit(nogil=True, cache=True)
-def fold_sources(indptr, indices, values, inv, p, pre):  # pragma: no cover - compiled
-    """In place on ``M`` (CSR, row = destination, unsigned indices, ``values`` of length 0: every
-    weight is 1) whose first ``p`` nodes receive no links: their links leave every row, summed into
-    ``pre[r] = sum of w * inv[c]`` over them (each such node's value in a sweep is the sweep's
-    constant term, the same for all: :func:`sweep_folded`). Returns the number of links left; the
-    row pointers are rewritten."""
+def transpose_fold(indptr, indices, data, pos, inv, out_ptr, out_idx, out_val, pre):  # pragma: no cover - compiled
+    """:func:`transpose_renumber` (``pos`` a renumbering) with the links of the nodes that receive
+    none and come first in the new numbering (the first ``p``) left out of ``M``: each row's sum
+    ``pre[r] = sum of w * inv[c]`` over them instead (``inv`` renumbered; each such node's value in a
+    sweep is the sweep's constant term, the same for all: :func:`sweep_folded`). Returns ``p`` and the
+    number of links left in ``M``. ``pre[r]`` adds its terms in the order of ``M``'s row (the sources'
+    order in ``A``), and the rows keep their other links in that order.
+
+    Those nodes' links go to ``pre`` as ``A`` is read, not through the transpose's scattered writes
+    and a pass over ``M`` after it: on a graph whose links end in a few thousand hubs they are ~80%
+    of the links (1M nodes, 4.2M links: 181 + 51 ms for the transpose and that pass, measured on a
+    worker). The row counts of the links left come from the counts of all links less those of the
+    first ``p`` nodes' links, or from counting the links left, whichever reads fewer links."""
     n = indptr.shape[0] - 1
-    weighted = values.shape[0] > 0
+    nnz = indptr[n]
+    weighted = out_val.shape[0] > 0
+    counts = out_ptr
+    counts[:] = 0
+    one = np.uint64(1)
+    for k in range(nnz):
+        counts[np.uint64(pos[np.uint64(indices[k])]) + one] += 1
+    p = 0
+    while p < n and counts[p + 1] == 0:
+        p += 1
     up = np.uint64(p)
-    q = 0
-    a = indptr[0]
+    folded = 0
+    for s in range(n):
+        if np.uint64(pos[s]) < up:
+            folded += indptr[s + 1] - indptr[s]
+    if 2 * folded <= nnz:  # the counts less the first p nodes' links
+        for s in range(n):
+            if np.uint64(pos[s]) < up:
+                for k in range(indptr[s], indptr[s + 1]):
+                    counts[np.uint64(pos[np.uint64(indices[k])]) + one] -= 1
+    else:  # the links left, counted
+        counts[:] = 0
+        for s in range(n):
+            if np.uint64(pos[s]) >= up:
+                for k in range(indptr[s], indptr[s + 1]):
+                    counts[np.uint64(pos[np.uint64(indices[k])]) + one] += 1
     for r in range(n):
-        z = indptr[r + 1]
-        s = 0.0
-        for k in range(a, z):
-            c = np.uint64(indices[k])
-            if c < up:
-                s += values[k] * inv[c] if weighted else inv[c]
-            else:
-                indices[q] = indices[k]
+        counts[r + 1] += counts[r]
+    for s in range(n):
+        ps = np.uint64(pos[s])
+        if ps < up:
+            c = inv[ps]
+            for k in range(indptr[s], indptr[s + 1]):
+                r = np.uint64(pos[np.uint64(indices[k])])
+                pre[r] += data[k] * c if weighted else c
+        else:
+            for k in range(indptr[s], indptr[s + 1]):
+                r = np.uint64(pos[np.uint64(indices[k])])
+                q = np.uint64(counts[r])
+                out_idx[q] = ps
                 if weighted:
-                    values[q] = values[k]
-                q += 1
-        pre[r] = s
-        indptr[r + 1] = q
-        a = z
-    return q
+                    out_val[q] = data[k]
+                counts[r] = q + one
+    for r in range(n, 0, -1):  # counts[r] ran to the end of row r: shift back to the starts
+        counts[r] = counts[r - 1]
+    counts[0] = 0
+    return p, nnz - folded
 
 
 @njit(nogil=True, cache=True)
 def sweep_folded(indptr, indices, values, pre, p, p_dangling, x, inv, y, damping, teleport,
                  prev):  # pragma: no cover - compiled
     """One Gauss-Seidel sweep of ``y = damping * M @ x + teleport`` (``x = inv * y``) over all of
-    ``M``, ascending, as :func:`sweep_block` alone, when :func:`fold_sources` took the links of the
+    ``M``, ascending, as :func:`sweep_block` alone, when :func:`transpose_fold` took the links of the
     first ``p`` nodes (no links in: each is ``teleport`` after the sweep, ``prev`` before it; of them
     ``p_dangling`` have no links out) out of ``M``: each row adds ``teleport * pre[r]`` for them, and
     their rows are not visited (their ``y`` and ``x`` are not written). Returns the L1 change of
