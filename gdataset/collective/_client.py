@@ -50,12 +50,13 @@ def run_on_workers(client: Any, func: Callable[..., Any], peers: Sequence[str], 
     timeout = config.get("collective.timeout", 600)
     timeout = None if timeout is None else float(timeout)
     direct = bool(config.get("collective.direct", True))
+    pause_profiler = bool(config.get("collective.pause-profiler", True))
     token = uuid.uuid4().hex
     peers = list(peers)
     futures = []
     for r, (addr, a) in enumerate(zip(peers, args)):
         key = f"{name}-{token}-{r}"
-        head = (key, token, r, peers, start_timeout, timeout, direct, func)
+        head = (key, token, r, peers, start_timeout, timeout, direct, pause_profiler, func)
         if all(_submittable(x) for x in a):  # futures at most in lists, tuples and dicts: one task, as it is
             futures.append(client.submit(rank_task, *head, *a, key=key, workers=[addr], allow_other_workers=False,
                                          pure=False))

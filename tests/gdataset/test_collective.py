@@ -126,3 +126,131 @@ def test_futures_and_collections_in_the_arguments_arrive_computed(client):
     assert out == [9.0] * len(peers)
     boxed_future = run_on_workers(client, _sum_args, peers, [([np.zeros(1)], _Box(fut))] * len(peers))
     assert boxed_future == [6.0] * len(peers)  # a future inside a dataclass too
+
+
+# -- the worker's profiler pauses while ranks run ----------------------------------------------------------------
+_PROFILER = ("profile", "profile-cycle")
+
+
+def _profiler_stopped_within(comm, wait):
+    """(a rank) Whether the worker's profiler stopped within ``wait`` s; every rank looks before any ends."""
+    pcs = [comm.worker.periodic_callbacks[k] for k in _PROFILER]
+    deadline = time.monotonic() + wait
+    while any(pc.is_running() for pc in pcs) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stopped = not any(pc.is_running() for pc in pcs)
+    comm.allgather(stopped)
+    return stopped
+
+
+def _profiler_running(dask_worker=None):
+    return all(dask_worker.periodic_callbacks[k].is_running() for k in _PROFILER)
+
+
+def _all_running_within(client, wait):
+    deadline = time.monotonic() + wait
+    while not all(client.run(_profiler_running).values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return all(client.run(_profiler_running).values())
+
+
+def test_the_profiler_pauses_while_ranks_run(client):
+    peers = _workers(client)
+    assert _all_running_within(client, 10)  # distributed's default: the workers sample their threads
+    assert run_on_workers(client, _profiler_stopped_within, peers, [(10,)] * len(peers)) == [True] * len(peers)
+    assert _all_running_within(client, 10)  # and sample again after the loop
+    with dask.config.set({"gdask.collective.pause-profiler": False}):
+        assert run_on_workers(client, _profiler_stopped_within, peers, [(1,)] * len(peers)) == [False] * len(peers)
+
+
+class _PC:
+    def __init__(self, running=True):
+        self.running = running
+
+    def is_running(self):
+        return self.running
+
+    def stop(self):
+        self.running = False
+
+    def start(self):
+        self.running = True
+
+
+class _Loop:
+    """An event loop whose callbacks run when the test says so."""
+
+    def __init__(self):
+        self.queued = []
+
+    def add_callback(self, f, *args):
+        self.queued.append((f, args))
+
+    def run(self):
+        queued, self.queued = self.queued, []
+        for f, args in queued:
+            f(*args)
+
+
+def _stub_worker(**running):
+    from types import SimpleNamespace
+
+    from distributed.core import Status
+
+    pcs = {k: _PC(running.get(k.replace("-", "_"), True)) for k in (*_PROFILER, "heartbeat")}
+    return SimpleNamespace(loop=_Loop(), periodic_callbacks=pcs, status=Status.running)
+
+
+def _states(w):
+    return {k: pc.running for k, pc in w.periodic_callbacks.items()}
+
+
+def test_the_profiler_pause_counts_the_ranks_and_keeps_what_it_did_not_stop():
+    from distributed.core import Status
+
+    from gdask.gdataset.collective._worker import CollectivePlugin
+
+    on, off = {"profile": True, "profile-cycle": True, "heartbeat": True}, {"profile": False, "profile-cycle": False,
+                                                                            "heartbeat": True}
+    p, w = CollectivePlugin(), _stub_worker()
+    p.rank_started(w)
+    w.loop.run()
+    assert _states(w) == off and p.profiler_paused
+    p.rank_started(w)  # a second rank on this worker, which outlives the first
+    p.rank_finished(w)
+    w.loop.run()
+    assert _states(w) == off
+    p.rank_finished(w)
+    w.loop.run()
+    assert _states(w) == on and not p.profiler_paused
+
+    # a rank that ends before the event loop pauses anything: nothing stays stopped
+    p.rank_started(w)
+    p.rank_finished(w)
+    w.loop.run()
+    assert _states(w) == on
+
+    # the last rank ends and a new one starts before the event loop resumes: the pause holds
+    p.rank_started(w)
+    w.loop.run()
+    p.rank_finished(w)
+    p.rank_started(w)
+    w.loop.run()
+    assert _states(w) == off
+    p.rank_finished(w)
+    w.loop.run()
+    assert _states(w) == on
+
+    # what was stopped before (the user's choice) is not started; a closing worker's stay stopped
+    p, w = CollectivePlugin(), _stub_worker(profile_cycle=False)
+    p.rank_started(w)
+    w.loop.run()
+    p.rank_finished(w)
+    w.loop.run()
+    assert _states(w) == {"profile": True, "profile-cycle": False, "heartbeat": True}
+    p.rank_started(w)
+    w.loop.run()
+    w.status = Status.closing
+    p.rank_finished(w)
+    w.loop.run()
+    assert _states(w) == {"profile": False, "profile-cycle": False, "heartbeat": True}
