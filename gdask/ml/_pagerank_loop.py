@@ -57,6 +57,7 @@ from gdask.ml.kernels._pagerank_cpu import (
     push_init,
     push_sweep,
     scale_block,
+    self_links,
     sweep_block,
     sweep_folded,
     transpose_fold,
@@ -65,8 +66,8 @@ from gdask.ml.kernels._pagerank_cpu import (
     weight_kind,
 )
 
-__all__ = ["Direct", "OneRank", "Prepared", "direct", "discard", "narrow", "place", "prepare", "run_sweeps",
-           "sweep_here"]
+__all__ = ["Direct", "OneRank", "Prepared", "direct", "discard", "narrow", "own_links", "place", "prepare",
+           "run_sweeps", "sweep_here"]
 
 logger = logging.getLogger("gdask.ml")
 
@@ -192,6 +193,38 @@ def narrow(values: np.ndarray) -> np.ndarray:
     return values if kind == 2 else values.astype(np.uint8 if kind == 0 else np.float32)
 
 
+#: the positions of a graph's links from a node to itself that a kernel reading every link anyway
+#: (:func:`push_init`, :func:`transpose_fold`) keeps; a graph with more is read again for them
+OWN_FOUND = 4096
+
+
+def own_links(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, lo: int = 0,
+              extra: np.ndarray | None = None, extra_w: np.ndarray | None = None,
+              pos: np.ndarray | None = None, found: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of a CSR block (local; columns global from ``lo``, unsigned indices) with a link to
+    themselves, ascending, renumbered by ``pos`` (new index of each node) when given, and those links'
+    weights summed per row: ``values`` (all 1 when empty), but ``extra_w`` at the positions ``extra``
+    (:class:`Direct`'s exceptions). What the sweeps solve for in each such node's own update.
+    ``found``: (buffer, count) from a kernel that noted the links' positions as it read them (a
+    block scanned again only when the buffer could not hold them all)."""
+    if found is not None and found[1] <= found[0].size:
+        k = found[0][:found[1]]
+    else:
+        k = self_links(indptr, indices, lo)
+    if not k.size:
+        return k, np.empty(0)
+    rows = np.searchsorted(np.asarray(indptr, np.int64), k, side="right") - 1
+    w = values[k].astype(np.float64) if values.size else np.ones(k.size)
+    if extra is not None and extra.size:
+        e = np.minimum(np.searchsorted(extra, k), extra.size - 1)
+        hit = extra[e] == k
+        w[hit] = extra_w[e[hit]]
+    if pos is not None:
+        rows = np.asarray(pos, np.int64)[rows]
+    rows, at = np.unique(rows, return_inverse=True)
+    return rows.astype(np.int64), np.bincount(at, weights=w, minlength=rows.size)
+
+
 def _one_block(comm: Any, graph: Any, order: Any, damping: float, tol: float, max_iter: int,
                descending: bool, y_file: str | None = None) -> dict:
     """(On a worker) the Gauss-Seidel sweeps of one block over ``A`` (a :class:`Direct` graph's
@@ -226,10 +259,13 @@ def _one_block(comm: Any, graph: Any, order: Any, damping: float, tol: float, ma
         dangling = float(y[inv == 0.0].sum())
     else:
         acc = np.empty(n)
-        dangling = push_init(indptr, indices, values, extra, extra_w, descending, y, inv, acc)
+        own = np.empty(OWN_FOUND, np.int64)
+        dangling, nown = push_init(indptr, indices, values, extra, extra_w, descending, y, inv, acc, own)
+        loops, loop_w = own_links(indptr, indices, values, 0, extra, extra_w, found=(own, nown))
 
         def sweep(base):
-            return push_sweep(indptr, indices, values, extra, extra_w, descending, inv, acc, y, damping, base)
+            return push_sweep(indptr, indices, values, extra, extra_w, descending, inv, acc, y, damping, base,
+                              loops, loop_w)
     last = float(y.sum())  # y is the ranks times last: the sum of the last sweep's values
     history, converged, it = [], False, 0
     while it < max_iter:
@@ -276,7 +312,9 @@ def _folded_gathers(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray,
     midx = np.empty(len(indices), indices.dtype)
     mval = np.empty(len(values))
     pre = np.zeros(n)
-    p, kept = transpose_fold(indptr.astype(np.int64), indices, values, pos, inv, mptr, midx, mval, pre)
+    own = np.empty(OWN_FOUND, np.int64)
+    p, kept, nown = transpose_fold(indptr.astype(np.int64), indices, values, pos, inv, mptr, midx, mval, pre, own)
+    loops, loop_w = own_links(indptr, indices, values, 0, pos=pos, found=(own, nown))
     midx, mval = midx[:kept], mval[:kept] if mval.size else mval
     mptr = mptr.astype(np.uint32 if len(indices) < 2 ** 32 else np.uint64)
     x = inv * y
@@ -284,7 +322,7 @@ def _folded_gathers(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray,
     state = [1.0 / n]  # the leading nodes' value: 1 / n, then each sweep's constant term
 
     def sweep(base):
-        out = sweep_folded(mptr, midx, mval, pre, p, p_dangling, x, inv, y, damping, base, state[0])
+        out = sweep_folded(mptr, midx, mval, pre, p, p_dangling, x, inv, y, damping, base, state[0], loops, loop_w)
         state[0] = base
         return out
 
@@ -304,6 +342,7 @@ def _rank_sweeps(comm: Any, blocks: list, out: np.ndarray, bounds: np.ndarray, d
     y = np.full(n, 1.0 / n if spread else teleport)
     x = inv * y
     blocks = sorted(blocks, key=lambda blk: blk[0], reverse=descending)
+    loops = {blk[0]: own_links(blk[2], blk[3], blk[4], blk[1]) for blk in blocks}
     # one block here: the other blocks' x changes only between sweeps (the values received), so the
     # sweep reads x everywhere and needs no copy of the last sweep's (xprev is x)
     alone = len(blocks) == 1
@@ -321,7 +360,8 @@ def _rank_sweeps(comm: Any, blocks: list, out: np.ndarray, bounds: np.ndarray, d
         mine = []
         base = teleport + damping * dangling_rank / n if spread else teleport  # of the last sweep's y
         for b, lo, ptr, idx, vals in blocks:
-            change, total, _ = sweep_block(ptr, idx, vals, lo, x, xprev, inv, y, damping, base, descending, alone)
+            change, total, _ = sweep_block(ptr, idx, vals, lo, x, xprev, inv, y, damping, base, descending, alone,
+                                           *loops[b])
             mine.append((b, change, total))
         if not alone:
             for b, lo, ptr, _, _ in blocks:

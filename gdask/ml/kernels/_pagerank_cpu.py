@@ -16,6 +16,13 @@ over every node the scattered adds run as fast as the gathered ones, and the tra
 sweeps' time on such graphs, is not made; on graphs where most links end in a few hubs the adds
 queue on the hubs' accumulators and the gathers of :func:`sweep_block` win.
 
+A node's link to itself is solved for in its own update, as Gauss-Seidel solves each row for its
+unknown: the sweeps take the sorted nodes with such links (``loops``, found by :func:`self_links`) and
+their weights (``loop_w``), and a node's new value is ``(d * s' + c) / (1 - d * w / out)`` with ``s'``
+what it receives from the others. Read from the last sweep instead, such a link holds the node back
+at ``damping``'s rate each sweep: a sink whose only link is to itself, holding most of the rank of a
+graph whose links follow an order, took 30 sweeps against 6 without the link.
+
 Index arrays are unsigned (``uint32``/``uint64`` views of SciPy's ``int32``/``int64`` ones): numba
 then skips its negative-index wraparound on every gathered or scattered element, which halves the
 time of a sweep (the sweep then runs at SciPy's SpMV speed).
@@ -27,8 +34,8 @@ import numpy as np
 from numba import njit
 
 __all__ = ["finish_sweep", "inverse_out_weights", "ones_except", "order_estimate", "order_share_keys",
-           "order_shares", "push_init", "push_sweep", "received_weights", "scale_block", "sort_by_key", "sweep_block",
-           "sweep_folded", "transpose_fold", "transpose_renumber", "unsigned", "weight_kind"]
+           "order_shares", "push_init", "push_sweep", "received_weights", "scale_block", "self_links", "sort_by_key",
+           "sweep_block", "sweep_folded", "transpose_fold", "transpose_renumber", "unsigned", "weight_kind"]
 
 
 def unsigned(a: np.ndarray) -> np.ndarray:
@@ -222,15 +229,47 @@ def transpose_renumber(indptr, indices, data, pos, out_ptr, out_idx, out_val, st
 
 
 @njit(nogil=True, cache=True)
+def self_links(indptr, indices, lo):  # pragma: no cover - compiled
+    """The positions (ascending) of the links of a CSR block from row ``i`` to column ``lo + i``: a node's
+    links to itself (``lo``: the block's first row, columns global; unsigned indices)."""
+    n = indptr.shape[0] - 1
+    count = 0
+    for i in range(n):
+        r = np.uint64(lo + i)
+        for k in range(np.uint64(indptr[i]), np.uint64(indptr[i + 1])):
+            if np.uint64(indices[k]) == r:
+                count += 1
+    out = np.empty(count, np.int64)
+    if count == 0:
+        return out
+    count = 0
+    for i in range(n):
+        r = np.uint64(lo + i)
+        for k in range(np.uint64(indptr[i]), np.uint64(indptr[i + 1])):
+            if np.uint64(indices[k]) == r:
+                out[count] = k
+                count += 1
+    return out
+
+
+@njit(inline="always")
+def _own_link(v, w, xr, invr, damping):  # pragma: no cover - compiled
+    """A node's value ``v = d * s + c0``, whose sum ``s`` read its link to itself (weight ``w``) at its
+    old value ``xr = inv * y``, as the solution of its own equation: ``(d * s' + c0) / (1 - d * w * inv)``."""
+    return (v - damping * w * xr) / (1.0 - damping * w * invr)
+
+
+@njit(nogil=True, cache=True)
 def sweep_block(indptr, indices, values, lo, x, xprev, inv, y, damping, teleport, descending,
-                alone):  # pragma: no cover - compiled
+                alone, loops, loop_w):  # pragma: no cover - compiled
     """One Gauss-Seidel sweep of ``y = damping * M @ x + teleport`` (``x = inv * y``) over the rows
     ``lo .. lo + nrows`` of ``M`` (this block's CSR, rows local, columns global, unsigned indices), in
     place on ``y`` and ``x``. Columns inside the block read ``x`` (this sweep's values), the others
     ``xprev`` (the previous sweep's); ``alone``: no other block of ``x`` changes during the sweep
     (``x`` and ``xprev`` agree outside the block), so every column reads ``x``. ``values`` of length
-    0: every weight is 1. Returns the L1 change of the block's ``y``, the sum of its new values and
-    that of its dangling nodes' (``inv == 0``)."""
+    0: every weight is 1. ``loops``: the block's rows (local, ascending) with a link to themselves,
+    ``loop_w`` those links' weights (see the module). Returns the L1 change of the block's ``y``, the
+    sum of its new values and that of its dangling nodes' (``inv == 0``)."""
     nrows = indptr.shape[0] - 1
     ulo = np.uint64(lo)
     span = np.uint64(nrows)
@@ -238,6 +277,8 @@ def sweep_block(indptr, indices, values, lo, x, xprev, inv, y, damping, teleport
     change = 0.0
     total = 0.0
     dangling = 0.0
+    nl = loops.shape[0]
+    cl = nl - 1 if descending else 0  # the next row with a link to itself, in the sweep's direction
     for t in range(nrows):
         i = nrows - 1 - t if descending else t
         a = np.uint64(indptr[i])
@@ -256,6 +297,9 @@ def sweep_block(indptr, indices, values, lo, x, xprev, inv, y, damping, teleport
                 s += values[k] * v if weighted else v
         r = lo + i
         v = damping * s + teleport
+        if 0 <= cl < nl and loops[cl] == i:
+            v = _own_link(v, loop_w[cl], x[r], inv[r], damping)
+            cl += -1 if descending else 1
         change += abs(v - y[r])
         total += v
         y[r] = v
@@ -267,13 +311,14 @@ def sweep_block(indptr, indices, values, lo, x, xprev, inv, y, damping, teleport
 
 
 @njit(nogil=True, cache=True)
-def transpose_fold(indptr, indices, data, pos, inv, out_ptr, out_idx, out_val, pre):  # pragma: no cover - compiled
+def transpose_fold(indptr, indices, data, pos, inv, out_ptr, out_idx, out_val, pre, own):  # pragma: no cover - compiled
     """:func:`transpose_renumber` (``pos`` a renumbering) with the links of the nodes that receive
     none and come first in the new numbering (the first ``p``) left out of ``M``: each row's sum
     ``pre[r] = sum of w * inv[c]`` over them instead (``inv`` renumbered; each such node's value in a
-    sweep is the sweep's constant term, the same for all: :func:`sweep_folded`). Returns ``p`` and the
-    number of links left in ``M``. ``pre[r]`` adds its terms in the order of ``M``'s row (the sources'
-    order in ``A``), and the rows keep their other links in that order.
+    sweep is the sweep's constant term, the same for all: :func:`sweep_folded`). Returns ``p``, the
+    number of links left in ``M`` and that of the links from a node to itself, whose positions in ``A``
+    (ascending) go to ``own`` as far as it holds them. ``pre[r]`` adds its terms in the order of
+    ``M``'s row (the sources' order in ``A``), and the rows keep their other links in that order.
 
     Those nodes' links go to ``pre`` as ``A`` is read, not through the transpose's scattered writes
     and a pass over ``M`` after it: on a graph whose links end in a few thousand hubs they are ~80%
@@ -309,6 +354,7 @@ def transpose_fold(indptr, indices, data, pos, inv, out_ptr, out_idx, out_val, p
                     counts[np.uint64(pos[np.uint64(indices[k])]) + one] += 1
     for r in range(n):
         counts[r + 1] += counts[r]
+    nown = 0
     for s in range(n):
         ps = np.uint64(pos[s])
         if ps < up:
@@ -324,26 +370,35 @@ def transpose_fold(indptr, indices, data, pos, inv, out_ptr, out_idx, out_val, p
                 if weighted:
                     out_val[q] = data[k]
                 counts[r] = q + one
+                if r == ps:
+                    if nown < own.shape[0]:
+                        own[nown] = k
+                    nown += 1
     for r in range(n, 0, -1):  # counts[r] ran to the end of row r: shift back to the starts
         counts[r] = counts[r - 1]
     counts[0] = 0
-    return p, nnz - folded
+    return p, nnz - folded, nown
 
 
 @njit(nogil=True, cache=True)
 def sweep_folded(indptr, indices, values, pre, p, p_dangling, x, inv, y, damping, teleport,
-                 prev):  # pragma: no cover - compiled
+                 prev, loops, loop_w):  # pragma: no cover - compiled
     """One Gauss-Seidel sweep of ``y = damping * M @ x + teleport`` (``x = inv * y``) over all of
     ``M``, ascending, as :func:`sweep_block` alone, when :func:`transpose_fold` took the links of the
     first ``p`` nodes (no links in: each is ``teleport`` after the sweep, ``prev`` before it; of them
     ``p_dangling`` have no links out) out of ``M``: each row adds ``teleport * pre[r]`` for them, and
-    their rows are not visited (their ``y`` and ``x`` are not written). Returns the L1 change of
-    ``y``, the sum of its new values and that of the dangling nodes'."""
+    their rows are not visited (their ``y`` and ``x`` are not written). ``loops``/``loop_w``: the
+    rows (ascending) with a link to themselves and its weight (see the module). Returns the L1 change
+    of ``y``, the sum of its new values and that of the dangling nodes'."""
     n = indptr.shape[0] - 1
     weighted = values.shape[0] > 0
     change = p * abs(teleport - prev)
     total = p * teleport
     dangling = p_dangling * teleport
+    nl = loops.shape[0]
+    c = 0
+    while c < nl and loops[c] < p:
+        c += 1
     for r in range(p, n):
         s = teleport * pre[r]
         if weighted:
@@ -353,6 +408,9 @@ def sweep_folded(indptr, indices, values, pre, p, p_dangling, x, inv, y, damping
             for k in range(np.uint64(indptr[r]), np.uint64(indptr[r + 1])):
                 s += x[np.uint64(indices[k])]
         v = damping * s + teleport
+        if c < nl and loops[c] == r:
+            v = _own_link(v, loop_w[c], x[r], inv[r], damping)
+            c += 1
         change += abs(v - y[r])
         total += v
         y[r] = v
@@ -447,16 +505,18 @@ def ones_except(data, limit):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True)
-def push_init(indptr, indices, values, extra, extra_w, descending, y, inv, acc):  # pragma: no cover - compiled
+def push_init(indptr, indices, values, extra, extra_w, descending, y, inv, acc, own):  # pragma: no cover - compiled
     """Into ``inv`` the inverse out-weight of every node (0 for dangling nodes), and into ``acc``
     what each node ``t`` receives from ``x = inv * y`` of the nodes swept after it, or itself: the
     accumulators as they stand before ``t``'s first update in :func:`push_sweep` (node order,
     descending with ``descending``). The weights as in :func:`push_sweep`. Returns the sum of the
-    dangling nodes' ``y``."""
+    dangling nodes' ``y`` and the number of links from a node to itself, whose positions (ascending)
+    go to ``own`` as far as it holds them."""
     n = indptr.shape[0] - 1
     weighted = values.shape[0] > 0
     acc[:] = 0.0
     dangling = 0.0
+    nown = 0
     c = 0
     for s in range(n):
         a = np.uint64(indptr[s])
@@ -480,33 +540,44 @@ def push_init(indptr, indices, values, extra, extra_w, descending, y, inv, acc):
             t = np.uint64(indices[k])
             if (t >= np.uint64(s)) if descending else (t <= np.uint64(s)):
                 acc[t] += values[k] * xs if weighted else xs
+                if t == np.uint64(s):
+                    if nown < own.shape[0]:
+                        own[nown] = k
+                    nown += 1
         while c < extra.shape[0] and np.uint64(extra[c]) < z:
             t = np.uint64(indices[np.uint64(extra[c])])
             if (t >= np.uint64(s)) if descending else (t <= np.uint64(s)):
                 acc[t] += (extra_w[c] - 1.0) * xs
             c += 1
-    return dangling
+    return dangling, nown
 
 
 @njit(nogil=True, cache=True)
 def push_sweep(indptr, indices, values, extra, extra_w, descending, inv, acc, y, damping,
-               teleport):  # pragma: no cover - compiled
+               teleport, loops, loop_w):  # pragma: no cover - compiled
     """One Gauss-Seidel sweep of ``y = damping * A.T @ (inv * y) + teleport`` over ``A`` (CSR, row =
     source, unsigned indices), in place on ``y`` and the accumulators ``acc`` (see :func:`push_init`),
     in node order (descending with ``descending``). The weights: ``values``, or (``values`` of length
     0) 1 but at the ascending positions ``extra`` of the links, which weigh ``extra_w`` (each such
-    link's add corrected after its node's links: ``(w - 1) * x``). Returns the L1 change of ``y``,
-    the sum of its new values and that of the dangling nodes' (``inv == 0``)."""
+    link's add corrected after its node's links: ``(w - 1) * x``). ``loops``/``loop_w``: the nodes
+    (ascending) with a link to themselves and its weight (see the module; ``acc`` holds that link's
+    add from the node's last value). Returns the L1 change of ``y``, the sum of its new values and
+    that of the dangling nodes' (``inv == 0``)."""
     n = indptr.shape[0] - 1
     weighted = values.shape[0] > 0
     ne = extra.shape[0]
     c = ne - 1 if descending else 0  # the next correction: the nodes come in the order of the positions
+    nl = loops.shape[0]
+    cl = nl - 1 if descending else 0
     change = 0.0
     total = 0.0
     dangling = 0.0
     for i in range(n):
         j = np.uint64(n - 1 - i if descending else i)
         v = damping * acc[j] + teleport
+        if 0 <= cl < nl and np.uint64(loops[cl]) == j:
+            v = _own_link(v, loop_w[cl], inv[j] * y[j], inv[j], damping)
+            cl += -1 if descending else 1
         acc[j] = 0.0
         change += abs(v - y[j])
         total += v
