@@ -96,16 +96,22 @@ def _row_update(damping, teleport, *parts):
 @njit(nogil=True, cache=True)
 def _gs_kernel(indptr, indices, data, inv, y, b, damping, sweeps, descending):  # pragma: no cover - compiled
     """In place: ``sweeps`` Gauss-Seidel sweeps of ``y = damping * M @ (inv * y) + b`` over the rows
-    of one diagonal block, visiting rows in descending (or ascending) order."""
+    of one diagonal block, visiting rows in descending (or ascending) order; a row's link to itself
+    is solved for (``y[r] = (damping * s' + b[r]) / (1 - damping * w * inv[r])``), as each row's own
+    equation in Gauss-Seidel."""
     n = y.shape[0]
     for _ in range(sweeps):
         for t in range(n):
             r = n - 1 - t if descending else t
             s = 0.0
+            own = 0.0
             for k in range(indptr[r], indptr[r + 1]):
                 c = indices[k]
-                s += data[k] * inv[c] * y[c]
-            y[r] = damping * s + b[r]
+                if c == r:
+                    own += data[k] * inv[c]
+                else:
+                    s += data[k] * inv[c] * y[c]
+            y[r] = (damping * s + b[r]) / (1.0 - damping * own)
 
 
 def _diag_solve(m, inv, y, damping, teleport, sweeps, descending, *parts):

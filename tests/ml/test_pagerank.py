@@ -199,3 +199,18 @@ def test_no_client_refuses_a_cluster_loop():
     for loop in ("graph", "workers"):
         with pytest.raises(ValueError, match="no Client"):
             gdask.ml.pagerank(A, loop=loop)
+
+
+def test_graph_loop_solves_a_nodes_link_to_itself(client):
+    # the diagonal blocks' sweeps solve each row's own equation: along a chain whose links follow the
+    # node order into a sink linked only to itself, the ranks are exact after the first iteration (read
+    # at its last value, the sink's link held it back at the damping's rate: over 100 iterations to 1e-12)
+    n = 80
+    src = np.concatenate([np.arange(n - 1), [n - 1, 10, 40]])
+    dst = np.concatenate([np.arange(1, n), [n - 1, 10, 40]])
+    A = sp.csr_matrix((np.ones(src.size), (src, dst)), shape=(n, n))
+    out = np.asarray(A.sum(axis=1)).ravel()
+    want = np.linalg.solve(np.eye(n) - 0.85 * (A.toarray() / out[:, None]).T, np.full(n, 0.15 / n))
+    r, info = gdask.ml.pagerank(A, loop="graph", nblocks=1, tol=1e-12, return_info=True)
+    assert info["order"] == "ascending" and info["converged"] and info["n_iter"] <= 3, info["n_iter"]
+    np.testing.assert_allclose(r, want / want.sum(), rtol=1e-9, atol=0)
