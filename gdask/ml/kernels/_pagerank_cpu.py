@@ -259,6 +259,12 @@ def _own_link(v, w, xr, invr, damping):  # pragma: no cover - compiled
     return (v - damping * w * xr) / (1.0 - damping * w * invr)
 
 
+@njit(inline="always")
+def _next_own(loops, c, none):  # pragma: no cover - compiled
+    """``loops[c]``, or ``none`` past either end: one compare a row in the sweeps' loops."""
+    return loops[c] if 0 <= c < loops.shape[0] else none
+
+
 @njit(nogil=True, cache=True)
 def sweep_block(indptr, indices, values, lo, x, xprev, inv, y, damping, teleport, descending,
                 alone, loops, loop_w):  # pragma: no cover - compiled
@@ -277,8 +283,9 @@ def sweep_block(indptr, indices, values, lo, x, xprev, inv, y, damping, teleport
     change = 0.0
     total = 0.0
     dangling = 0.0
-    nl = loops.shape[0]
-    cl = nl - 1 if descending else 0  # the next row with a link to itself, in the sweep's direction
+    step = -1 if descending else 1
+    cl = loops.shape[0] - 1 if descending else 0  # the next row with a link to itself, in the sweep's direction
+    nxt = _next_own(loops, cl, nrows)
     for t in range(nrows):
         i = nrows - 1 - t if descending else t
         a = np.uint64(indptr[i])
@@ -297,9 +304,10 @@ def sweep_block(indptr, indices, values, lo, x, xprev, inv, y, damping, teleport
                 s += values[k] * v if weighted else v
         r = lo + i
         v = damping * s + teleport
-        if 0 <= cl < nl and loops[cl] == i:
+        if i == nxt:
             v = _own_link(v, loop_w[cl], x[r], inv[r], damping)
-            cl += -1 if descending else 1
+            cl += step
+            nxt = _next_own(loops, cl, nrows)
         change += abs(v - y[r])
         total += v
         y[r] = v
@@ -395,10 +403,10 @@ def sweep_folded(indptr, indices, values, pre, p, p_dangling, x, inv, y, damping
     change = p * abs(teleport - prev)
     total = p * teleport
     dangling = p_dangling * teleport
-    nl = loops.shape[0]
     c = 0
-    while c < nl and loops[c] < p:
+    while c < loops.shape[0] and loops[c] < p:
         c += 1
+    nxt = _next_own(loops, c, n)
     for r in range(p, n):
         s = teleport * pre[r]
         if weighted:
@@ -408,9 +416,10 @@ def sweep_folded(indptr, indices, values, pre, p, p_dangling, x, inv, y, damping
             for k in range(np.uint64(indptr[r]), np.uint64(indptr[r + 1])):
                 s += x[np.uint64(indices[k])]
         v = damping * s + teleport
-        if c < nl and loops[c] == r:
+        if r == nxt:
             v = _own_link(v, loop_w[c], x[r], inv[r], damping)
             c += 1
+            nxt = _next_own(loops, c, n)
         change += abs(v - y[r])
         total += v
         y[r] = v
@@ -567,17 +576,19 @@ def push_sweep(indptr, indices, values, extra, extra_w, descending, inv, acc, y,
     weighted = values.shape[0] > 0
     ne = extra.shape[0]
     c = ne - 1 if descending else 0  # the next correction: the nodes come in the order of the positions
-    nl = loops.shape[0]
-    cl = nl - 1 if descending else 0
+    step = -1 if descending else 1
+    cl = loops.shape[0] - 1 if descending else 0
+    nxt = np.uint64(_next_own(loops, cl, n))
     change = 0.0
     total = 0.0
     dangling = 0.0
     for i in range(n):
         j = np.uint64(n - 1 - i if descending else i)
         v = damping * acc[j] + teleport
-        if 0 <= cl < nl and np.uint64(loops[cl]) == j:
+        if j == nxt:
             v = _own_link(v, loop_w[cl], inv[j] * y[j], inv[j], damping)
-            cl += -1 if descending else 1
+            cl += step
+            nxt = np.uint64(_next_own(loops, cl, n))
         acc[j] = 0.0
         change += abs(v - y[j])
         total += v
