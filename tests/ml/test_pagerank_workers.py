@@ -9,7 +9,14 @@ import scipy.sparse as sp
 import gdask.ml
 from gdask import _shm
 from gdask.ml import _pagerank
-from gdask.ml._pagerank import ORDERLESS, _clearly_orderless, _sweep_order, _worker_blocks, sweep_order
+from gdask.ml._pagerank import (
+    DANGLING_NATURAL,
+    ORDERLESS,
+    _clearly_orderless,
+    _sweep_order,
+    _worker_blocks,
+    sweep_order,
+)
 from gdask.ml._pagerank_loop import (
     EXCEPTIONS_MAX_SHARE,
     OneRank,
@@ -614,6 +621,16 @@ def test_order_estimate_and_clearly_orderless():
     assert not _clearly_orderless(hubs) and _sweep_order(hubs)[0] == "in-degree"
     # small graphs: the full order is cheap
     assert not _clearly_orderless(random[:1000, :1000])
+    # no order, but two nodes in three without links: the choice in node order ends after one pass, so
+    # the samples are not read (the same order: its share under ORDERLESS, the sweeps in ascending order)
+    linked = rng.permutation(n)[: n // 3]
+    dangling = sp.csr_matrix((np.ones(m), (linked[rng.integers(0, len(linked), m)], rng.integers(0, n, m))),
+                             shape=(n, n))
+    est = order_estimate(dangling.indptr.astype(np.int64), unsigned(dangling.indices), dangling.data, 3, np.empty(n))
+    assert max(est) < ORDERLESS - 0.1
+    assert not _clearly_orderless(dangling)
+    order, perm, share = _sweep_order(dangling, DANGLING_NATURAL)
+    assert perm is None and share < ORDERLESS
 
 
 def test_an_error_while_the_order_is_chosen_leaves_no_file(client, monkeypatch, tmp_path):
