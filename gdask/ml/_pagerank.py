@@ -166,6 +166,10 @@ def _check_adjacency(A: Any):
     A = A.tocsr().astype(np.float64, copy=False)  # no copy of a float64 CSR matrix: it is only read
     if A.nnz and A.data.min() < 0:
         raise ValueError("edge weights must be non-negative")
+    if A.indices.dtype != np.int32 and max(A.shape[0], A.nnz) < 2 ** 31:
+        # 64-bit indices that fit in 32 bits (set by hand, or loaded so): the kernels' usual types, not
+        # a second compilation of each of them for these (8 s on a 2-core machine)
+        A = sp.csr_matrix((A.data, A.indices.astype(np.int32), A.indptr.astype(np.int32)), shape=A.shape, copy=False)
     return A
 
 

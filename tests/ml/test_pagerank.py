@@ -201,6 +201,23 @@ def test_no_client_refuses_a_cluster_loop():
             gdask.ml.pagerank(A, loop=loop)
 
 
+def test_64_bit_indices_are_taken_as_the_usual_32_bit_ones():
+    """A graph whose index arrays were made 64-bit (by hand, or loaded so) while its numbers fit in 32
+    bits reaches the kernels with 32-bit indices (one compiled type for each, not two), and ranks as
+    the same graph with 32-bit indices does, to the bit; its own arrays are left as they were."""
+    from gdask.ml._pagerank import _check_adjacency
+
+    A = gdask.ml.powerlaw_graph(70_000, avg_degree=5, seed=3, p_back=0.1)
+    wide = A.copy()
+    wide.indices, wide.indptr = A.indices.astype(np.int64), A.indptr.astype(np.int64)
+    checked = _check_adjacency(wide)
+    assert checked.indices.dtype == np.int32 and checked.indptr.dtype == np.int32
+    np.testing.assert_array_equal(checked.indices, A.indices)
+    np.testing.assert_array_equal(checked.indptr, A.indptr)
+    assert wide.indices.dtype == np.int64 and wide.indptr.dtype == np.int64
+    np.testing.assert_array_equal(gdask.ml.pagerank(wide), gdask.ml.pagerank(A))
+
+
 def test_graph_loop_solves_a_nodes_link_to_itself(client):
     # the diagonal blocks' sweeps solve each row's own equation: along a chain whose links follow the
     # node order into a sink linked only to itself, the ranks are exact after the first iteration (read
