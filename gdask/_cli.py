@@ -155,17 +155,39 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _agreement(X: Any, k: int, init: Any, km: Any, labels: Any) -> int:
-    """Compare with scikit-learn from the same initial centers for as many iterations."""
+    """Compare with scikit-learn's Lloyd iterations from the same initial centers, as many of them.
+
+    In float32 two exact Lloyd fits part ways: a row at almost the same distance from two centers goes
+    to either by the last bit of its distances, the centers then differ a little, and over tens of
+    iterations on overlapping blobs that grows (scikit-learn's own float32 centers end ~1e-2 from its
+    float64 ones on the default data). So both float32 fits are measured against scikit-learn in
+    float64 from the same centers: gdask agrees when it is within the bars (centers 1e-3, labels
+    99.9%, inertia 1e-4 relative) or no further from that answer than scikit-learn's float32 fit is.
+    Data in float64 is compared with float64 directly."""
     import numpy as np
     from sklearn.cluster import KMeans as SKKMeans  # a dependency of gdask.ml
 
-    ref = SKKMeans(k, init=init, n_init=1, max_iter=km.n_iter_, tol=0, algorithm="lloyd").fit(X)
-    err = float(np.abs(km.cluster_centers_ - ref.cluster_centers_).max())
-    agree = float((labels == ref.labels_).mean())
-    rel = abs(km.inertia_ - ref.inertia_) / ref.inertia_
+    def fit(data: Any) -> Any:
+        return SKKMeans(k, init=np.asarray(init, data.dtype), n_init=1, max_iter=km.n_iter_, tol=0,
+                        algorithm="lloyd").fit(data)
+
+    def gaps(centers: Any, labs: Any, inertia: float, ref: Any) -> tuple[float, float, float]:
+        return (float(np.abs(np.asarray(centers, np.float64) - ref.cluster_centers_).max()),
+                float((np.asarray(labs) == ref.labels_).mean()), abs(inertia - ref.inertia_) / ref.inertia_)
+
+    print(f"  checking against scikit-learn ({km.n_iter_} Lloyd iterations from the same centers) ...", flush=True)
+    ref = fit(np.asarray(X, np.float64))
+    err, agree, rel = gaps(km.cluster_centers_, labels, km.inertia_, ref)
     ok = err < 1e-3 and agree > 0.999 and rel < 1e-4
-    print(f"  agreement with scikit-learn (same init, {km.n_iter_} iterations): max |center diff| {err:.2e}, "
-          f"labels equal {agree:.4%}, inertia rel. diff {rel:.1e} -> {'OK' if ok else 'MISMATCH'}")
+    line = (f"  agreement with scikit-learn in float64 (same init, {km.n_iter_} iterations): max |center diff| "
+            f"{err:.2e}, labels equal {agree:.4%}, inertia rel. diff {rel:.1e}")
+    if np.asarray(X).dtype != np.float64:
+        single = fit(X)
+        s_err, s_agree, s_rel = gaps(single.cluster_centers_, single.labels_, single.inertia_, ref)
+        ok = ok or (err <= max(s_err, 1e-3) and agree >= min(s_agree, 0.999) and rel <= max(s_rel, 1e-4))
+        line += (f"\n  scikit-learn's own {np.asarray(X).dtype} fit against it: max |center diff| {s_err:.2e}, labels "
+                 f"equal {s_agree:.4%}, inertia rel. diff {s_rel:.1e}")
+    print(f"{line} -> {'OK' if ok else 'MISMATCH'}")
     return 0 if ok else 1
 
 
