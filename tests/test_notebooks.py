@@ -8,6 +8,7 @@ import asyncio
 import importlib.util
 import os
 import re
+import tempfile
 import time
 from pathlib import Path
 
@@ -134,34 +135,32 @@ def _memory() -> str:
         return "memory unknown"
 
 
-def _kernel_manager(sockets: str, blocking: bool = False):
+def _kernel_manager(where: str, blocking: bool = False):
     """A kernel manager (ours, to read the process's exit status if it dies) whose kernel talks over
-    Unix sockets named ``sockets-1`` .. ``sockets-5``, not TCP ports. The manager picks free TCP ports
+    Unix sockets in the directory ``where`` (``k-1`` .. ``k-5``), not TCP ports. The manager picks free TCP ports
     and the kernel binds them later; in between another process can take one (the other kernel's
     cluster starts at the same time, and so do the clusters of other tests' processes), and the kernel
     then dies before replying ("Address already in use", seen under load). ``blocking``: a manager
     whose methods return their results (for ``NotebookClient.execute``), not coroutines."""
     from jupyter_client.manager import AsyncKernelManager, KernelManager
 
-    return (KernelManager if blocking else AsyncKernelManager)(kernel_name="python3", transport="ipc", ip=sockets)
+    return (KernelManager if blocking else AsyncKernelManager)(kernel_name="python3", transport="ipc",
+                                                                 ip=os.path.join(where, "k"))
 
 
-def _socket_dir() -> str:
-    """A new directory for a kernel's sockets, short (a Unix socket's path holds ~100 bytes)."""
-    import tempfile
-
-    return tempfile.mkdtemp(prefix="gdask-nb-")
+def _socket_dir() -> tempfile.TemporaryDirectory:
+    """A new directory for a kernel's sockets, short (a Unix socket's path holds ~100 bytes), removed
+    by its ``cleanup()``."""
+    return tempfile.TemporaryDirectory(prefix="gdask-nb-", ignore_cleanup_errors=True)
 
 
 async def _execute(nb, backend: str, where: Path) -> float:
-    import shutil
-
     where.mkdir()
     env = dict(os.environ, PYTHONFAULTHANDLER="1")  # a crashing kernel writes its threads' stacks to stderr
     if backend != "emulated":  # the emulated kernel keeps the default backend ("auto": emulated without a GPU)
         env["DASK_GDASK__BACKEND"] = backend
     sockets = _socket_dir()
-    km = _kernel_manager(os.path.join(sockets, "k"))
+    km = _kernel_manager(sockets.name)
     client = nbclient.NotebookClient(nb, km=km, timeout=CELL_TIMEOUT, interrupt_on_timeout=True,
                                      resources={"metadata": {"path": str(where)}})
     t0 = time.perf_counter()
@@ -178,7 +177,7 @@ async def _execute(nb, backend: str, where: Path) -> float:
                 await km.shutdown_kernel(now=True)
             else:
                 await km.cleanup_resources()
-        shutil.rmtree(sockets, ignore_errors=True)
+        sockets.cleanup()
     return time.perf_counter() - t0
 
 
@@ -240,10 +239,8 @@ def _widget_bars(nb) -> list[dict]:
 def test_verbose_fit_on_the_workers_reports_in_the_cell_running_the_fit():
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(c) for c in (CELL_CLIENT, CELL_FIT, CELL_CONVERGES, CELL_CLOSE)]
-    import shutil
-
     sockets = _socket_dir()
-    km = _kernel_manager(os.path.join(sockets, "k"), blocking=True)
+    km = _kernel_manager(sockets.name, blocking=True)
     client = nbclient.NotebookClient(nb, km=km, timeout=240)
     try:
         client.execute()
@@ -252,7 +249,7 @@ def test_verbose_fit_on_the_workers_reports_in_the_cell_running_the_fit():
             client.kc.stop_channels()
         if km.has_kernel:
             km.shutdown_kernel(now=True)
-        shutil.rmtree(sockets, ignore_errors=True)
+        sockets.cleanup()
     first, second, third = _text(nb.cells[0]), _text(nb.cells[1]), _text(nb.cells[2])
     assert "client ready" in first
     assert "KMeans" not in first and "iteration" not in first  # nothing leaked into the Client's cell
