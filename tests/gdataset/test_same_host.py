@@ -116,6 +116,38 @@ def test_the_graph_when_off_small_or_not_seen(client, shm_dir, monkeypatch):
     np.testing.assert_array_equal(P.compute(), x + 2)
 
 
+def test_files_written_at_once_and_none_left_when_one_fails(client, shm_dir, monkeypatch):
+    """The blocks' files are written by several threads at once; when one cannot be written (the
+    directory filled up), the files of the others are removed and the blocks go in the graph."""
+    import threading
+
+    x = np.random.default_rng(4).random((800, 4))
+    writers, calls, lock = set(), [], threading.Lock()
+    real = _shm.write
+
+    def write(arrays, where, fail_at=None):
+        with lock:
+            calls.append(1)
+            n = len(calls)
+        writers.add(threading.current_thread().name)
+        time.sleep(0.01)  # long enough for the other writer to take a block meanwhile
+        return None if n == fail_at else real(arrays, where)
+
+    monkeypatch.setattr(_shm, "write", write)
+    P = gdask.from_array(x, block_rows=100).persist()
+    assert _loaders(client, P) == {"load"} and len(_files(shm_dir)) == 8
+    assert len(writers) == min(_same_host.WRITERS, os.cpu_count())
+    np.testing.assert_array_equal(P.compute(), x)
+    calls.clear()
+    monkeypatch.setattr(_shm, "write", lambda arrays, where: write(arrays, where, fail_at=5))
+    Q = gdask.from_array(x + 1, block_rows=100).persist()
+    assert _loaders(client, Q) == {"to_device"}
+    np.testing.assert_array_equal(Q.compute(), x + 1)
+    assert len(_files(shm_dir)) == 8  # P's alone
+    del P
+    _wait_until(lambda: not _files(shm_dir), "the files to be removed once the blocks are released")
+
+
 def test_not_without_a_cluster_or_under_another_scheduler(client, shm_dir):
     x = np.random.default_rng(2).random((200, 2))
     P = gdask.from_array(x, block_rows=100).persist(scheduler="sync")
