@@ -220,8 +220,8 @@ def test_64_bit_indices_are_taken_as_the_usual_32_bit_ones():
 
 def test_weights_of_any_type_rank_as_float64_without_copying_the_links():
     """Integer, boolean and float32 weights (a COO or CSR matrix or array) rank as the same graph in
-    float64 does, to the bit; a CSR input's index arrays are used as they are (5M links: 75 ms of
-    copies saved), and the input is left as it was."""
+    float64 does, to the bit; a CSR input's index arrays are used as they are (not copied), and the
+    input is left as it was."""
     from gdask.ml._pagerank import _check_adjacency
 
     A = gdask.ml.powerlaw_graph(50_000, avg_degree=5, seed=8, p_back=0.1)
