@@ -120,11 +120,8 @@ class StrictPool(EmulatedPool):
         nbytes = int(host.nbytes)
         self._charge(nbytes)
         try:
-            if order == "F" and host.ndim == 2:  # rows to feature-major in tiles (:func:`copy_into`)
-                data = np.empty(host.shape, host.dtype, order="F")
-                copy_into(data, host)
-            else:
-                data = np.array(host, copy=True, order=order)
+            data = np.empty_like(host, order=order)
+            copy_into(data, host)  # rows into feature-major memory in tiles; any other copy as it is
             arr = self.xp.asarray(data, device=self.device)
         except BaseException:
             with self._lock:
