@@ -253,8 +253,10 @@ class LogisticRegression(DeviceEstimatorMixin, ClassifierMixin, BaseEstimator):
         if y.shape[0] != G.shape[0]:
             raise ValueError("Found input variables with inconsistent numbers of samples: "
                              f"[{G.shape[0]}, {y.shape[0]}]")
-        check_classification_targets(y)
+        if y.dtype.kind == "O":  # labels of mixed types: sklearn's error, before they are sorted
+            check_classification_targets(y)
         classes, codes = encode(y)
+        check_classification_targets(classes)  # (1-D: the labels' kind is their distinct values')
         Y = from_array(codes.astype(np.int32), block_rows=G.row_blocks)
         if W is not None and w_host is None:  # weights on the devices: count there
             counts = None
