@@ -28,6 +28,7 @@ import numpy as np
 import psutil
 
 from gdask import config
+from gdask._devices._buffers import copy_into
 
 __all__ = ["SharedArrays", "directory", "on_this_host", "out_file", "read", "read_out", "remove", "room", "write",
            "write_out"]
@@ -73,9 +74,12 @@ def room(nbytes: int, where: str) -> bool:
     return st.f_bavail * st.f_frsize >= nbytes + (64 << 20) and psutil.virtual_memory().available >= 2 * nbytes
 
 
-def write(arrays: list[np.ndarray], where: str) -> SharedArrays | None:
-    """``arrays`` into a new file in ``where``; None (and no file) when there is no room for it or
-    writing it failed (the caller sends the arrays the usual way)."""
+def write(arrays: list[np.ndarray], where: str, order: str = "C") -> SharedArrays | None:
+    """``arrays`` into a new file in ``where``, each laid out in ``order`` ("F": a 2-D array column after
+    column, as a device block is); None (and no file) when there is no room for it or writing it failed
+    (the caller sends the arrays the usual way)."""
+    if order not in ("C", "F"):
+        raise ValueError(f"order must be 'C' or 'F', got {order!r}")
     specs, offset = [], 0
     for a in arrays:
         specs.append((a.dtype.str, int(a.size), offset))
@@ -87,13 +91,44 @@ def write(arrays: list[np.ndarray], where: str) -> SharedArrays | None:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         with os.fdopen(fd, "wb") as f:
             for a, (_, _, off) in zip(arrays, specs):
-                f.seek(off)
-                f.write(memoryview(np.ascontiguousarray(a)).cast("B"))
+                if not a.size:
+                    continue  # (read makes it anew)
+                if order == "F" and a.ndim == 2 and not a.flags.f_contiguous:
+                    f.flush()  # (buffered writes before, positioned writes here)
+                    _write_columns(f.fileno(), a, off)
+                else:
+                    f.seek(off)
+                    f.write(memoryview(np.ascontiguousarray(a.T if order == "F" and a.ndim == 2 else a)).cast("B"))
             f.truncate(offset)
     except OSError:  # the directory filled up meanwhile, say: a write error, not a crash (no mapping yet)
         remove(path)
         return None
     return SharedArrays(path, tuple(specs))
+
+
+#: bytes of a 2-D array that :func:`write` lays out column after column at a time: a tile of rows and at
+#: most :data:`_TILE_COLUMNS` columns is made feature-major in a buffer of this size, then written a
+#: column at a time
+_TILE_BYTES = 2 << 20
+_TILE_COLUMNS = 64
+
+
+def _write_columns(fd: int, a: np.ndarray, offset: int) -> None:
+    """``a`` (2-D, not feature-major) into file ``fd`` at ``offset`` in column-major order, a tile at a
+    time: each column of a tile goes out as one segment (64 KiB for 32 float64 columns), and no copy
+    of the whole array is made."""
+    n, d = a.shape
+    size = a.itemsize
+    cols = min(d, _TILE_COLUMNS)
+    rows = min(n, max(1, _TILE_BYTES // (cols * size)))
+    tile = np.empty((rows, cols), a.dtype, order="F")
+    for j0 in range(0, d, cols):
+        for i in range(0, n, rows):
+            part = a[i:i + rows, j0:j0 + cols]
+            t = tile[:part.shape[0], :part.shape[1]]
+            copy_into(t, part)
+            for j in range(t.shape[1]):
+                os.pwrite(fd, t[:, j], offset + ((j0 + j) * n + i) * size)
 
 
 def read(shared: SharedArrays) -> list[np.ndarray] | None:

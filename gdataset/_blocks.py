@@ -128,6 +128,15 @@ def to_device(chunk: Any) -> Any:
     return dev.asarray(chunk, order="F" if getattr(chunk, "ndim", np.ndim(chunk)) == 2 else "C")
 
 
+def hand_to_device(chunk: Any) -> Any:
+    """:func:`to_device` for a host chunk that nothing else holds or writes (a block read from its
+    file): a device whose memory is the host's keeps it as it is when it is coalesced already
+    (:meth:`~gdask.devices.EmulatedDevice.hand_over`)."""
+    if is_sparse(chunk) or np.ndim(chunk) not in (1, 2):
+        return to_device(chunk)
+    return current_device().hand_over(chunk, order="F" if chunk.ndim == 2 else "C")
+
+
 def block_op(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run ``func`` on device blocks and return a block in the coalesced layout."""
     dev = current_device()

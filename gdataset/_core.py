@@ -250,8 +250,10 @@ class GDataSet(DaskMethodsMixin):
         advice (load the data with Dask, or scatter it) is what this call does."""
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Sending large graph", category=UserWarning)
-            shared = _same_host.persist(self, kwargs)  # on one host: the blocks through shared memory
-            return shared if shared is not None else super().persist(**kwargs)
+            done = _same_host.held(self, kwargs)  # every block held already: nothing to send
+            if done is None:
+                done = _same_host.persist(self, kwargs)  # on one host: the blocks through shared memory
+            return done if done is not None else super().persist(**kwargs)
 
     def _rebuild(self, dsk, *, rename: dict | None = None) -> GDataSet:
         name = rename.get(self.name, self.name) if rename else self.name

@@ -124,6 +124,11 @@ class DeviceBase:
             f"still did not fit after {limit:g} s (gdask.timeouts.memory)" + "".join(f"; {r}" for r in reports) + ")"
         )
 
+    def hand_over(self, x: Any, order: str = "F") -> Any:
+        """Host data that nothing else holds or writes (a block just read from its file) onto the device,
+        as :meth:`asarray` copies it; a device whose memory is the host's keeps it without a copy."""
+        return self.asarray(x, order=order)  # type: ignore[attr-defined]
+
     # -- memory -----------------------------------------------------------------------------------
     @property
     def budget(self) -> int:

@@ -184,6 +184,19 @@ class EmulatedDevice(DeviceBase):
         self._transfer(out.nbytes, "h2d", started)
         return out
 
+    def hand_over(self, x: Any, order: str = "F") -> np.ndarray:
+        """``x`` itself when it is a writable NumPy array in the layout ("F" = feature-major for 2-D): it
+        is charged to the pool and counted (and timed) as a host->device copy, without the copy (nor
+        the page faults of fresh memory: 4 blocks of 30 MB took a worker 100-190 ms to copy on a
+        2-core machine). Anything else is copied (:meth:`asarray`)."""
+        if not (isinstance(x, np.ndarray) and x.flags.writeable
+                and (x.flags.f_contiguous if order == "F" else x.flags.c_contiguous)):
+            return self.asarray(x, order=order)
+        started = time.perf_counter()
+        out = self.with_room(_owned_nbytes(_root(x)), lambda: self.pool.adopt(x), "a host->device hand-over")
+        self._transfer(x.nbytes, "h2d", started)
+        return out
+
     def to_host(self, x: Any) -> np.ndarray:
         x = np.asarray(x)
         self._transfer(x.nbytes, "d2h")

@@ -156,3 +156,35 @@ def test_rows_to_device_layout_in_tiles_keep_every_value(backend, monkeypatch):
             assert got.dtype == x.dtype and got.shape == x.shape
             assert got.flags.f_contiguous
             np.testing.assert_array_equal(got, x)
+
+
+@pytest.mark.parametrize("backend", ["emulated", "emulated-strict"])
+def test_host_data_handed_over_is_kept_without_a_copy_where_device_memory_is_the_hosts(backend):
+    """An emulated device keeps a writable array already in its layout as it is (charged to the pool
+    until it is freed, counted as a host->device copy); anything else, and every array on a strict
+    device, is copied as ``asarray`` copies it."""
+    from gdask._devices._arrays import to_numpy
+    from gdask._devices._strict import StrictDevice
+
+    strict = backend == "emulated-strict"
+    dev = (StrictDevice if strict else EmulatedDevice)(DeviceSpec(0, backend, 64 << 20))
+    rng = np.random.default_rng(4)
+    x = np.asfortranarray(rng.random((300, 4)))
+    got = dev.hand_over(x[:, 1:3])  # a feature-major view: its base is what is charged
+    np.testing.assert_array_equal(to_numpy(got), x[:, 1:3])
+    assert np.shares_memory(to_numpy(got), x) is not strict
+    assert dev.pool.used == (2 * 300 * 8 if strict else x.nbytes) and dev.bytes_h2d == 2 * 300 * 8
+    del got, x  # (the whole of x was charged: freed with it)
+    gc.collect()
+    assert dev.pool.used == 0
+    frozen = np.asfortranarray(rng.random((50, 3)))
+    frozen.flags.writeable = False
+    rows, labels = rng.random((50, 3)), np.arange(7)
+    for other, order in [(rows, "F"), (frozen, "F"), (np.asfortranarray(rows), "C"), (labels[::2], "C")]:
+        got = dev.hand_over(other, order=order)
+        assert not np.shares_memory(to_numpy(got), other)
+        np.testing.assert_array_equal(to_numpy(got), other)
+    kept = dev.hand_over(labels, order="C")
+    assert np.shares_memory(to_numpy(kept), labels) is not strict
+    with pytest.raises(gdask.DeviceMemoryError, match="hand-over|host->device"):
+        dev.hand_over(np.asfortranarray(np.zeros((9000, 1000))))

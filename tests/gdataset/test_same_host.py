@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import time
 
@@ -127,14 +128,14 @@ def test_files_written_at_once_and_none_left_when_one_fails(client, shm_dir, mon
     expected = min(_same_host.WRITERS, os.cpu_count() or 1)
     meet = threading.Barrier(min(expected, 2), timeout=60)  # the first two writes wait for each other
 
-    def write(arrays, where, fail_at=None):
+    def write(arrays, where, order="C", fail_at=None):
         with lock:
             calls.append(1)
             n = len(calls)
         writers.add(threading.current_thread().name)
         if fail_at is None and n <= 2:
             meet.wait()  # a writer that waited alone (one at a time) breaks it: BrokenBarrierError
-        return None if n == fail_at else real(arrays, where)
+        return None if n == fail_at else real(arrays, where, order=order)
 
     monkeypatch.setattr(_shm, "write", write)
     P = gdask.from_array(x, block_rows=100).persist()
@@ -142,7 +143,7 @@ def test_files_written_at_once_and_none_left_when_one_fails(client, shm_dir, mon
     assert min(expected, 2) <= len(writers) <= expected
     np.testing.assert_array_equal(P.compute(), x)
     calls.clear()
-    monkeypatch.setattr(_shm, "write", lambda arrays, where: write(arrays, where, fail_at=5))
+    monkeypatch.setattr(_shm, "write", lambda arrays, where, order="C": write(arrays, where, order, fail_at=5))
     Q = gdask.from_array(x + 1, block_rows=100).persist()
     assert _loaders(client, Q) == {"to_device"}
     np.testing.assert_array_equal(Q.compute(), x + 1)
@@ -218,6 +219,7 @@ def test_a_fit_on_blocks_sent_through_files_has_the_same_bits(client, shm_dir, m
     y = (x[:, 0] + x[:, 1] > 1).astype(np.int64)
     fits = []
     for on in (True, False):
+        gc.collect()  # the blocks of the first fits are gone: the others are not handed them (held)
         with dask.config.set({"gdask.gdataset.same-host-transfer": on}):
             km = KMeans(4, random_state=0, n_init=1).fit(x)
             lr = LogisticRegression().fit(x, y)
@@ -227,3 +229,60 @@ def test_a_fit_on_blocks_sent_through_files_has_the_same_bits(client, shm_dir, m
     for a, b in zip(*fits):
         np.testing.assert_array_equal(a, b)
     assert type(fits[0][0]) is np.ndarray
+
+
+def _block_memory(dask_worker=None):
+    """(On a worker) per block it holds: whether its memory is a file's mapping, and its layout."""
+    import mmap
+
+    from gdask._devices._emulated import _root
+
+    def mapped(v) -> bool:
+        return isinstance(getattr(_root(v).base, "obj", None), mmap.mmap)  # (frombuffer's base: a memoryview)
+
+    return {str(k): (mapped(v), v.flags.f_contiguous, v.flags.writeable)
+            for k, v in dask_worker.data.items() if isinstance(v, np.ndarray)}
+
+
+def test_blocks_are_their_files_feature_major_without_a_copy_on_emulated_devices(client, shm_dir):
+    """A 2-D block's file holds it feature-major, as the device does: an emulated device keeps the
+    file's (private, writable) mapping as the block instead of copying it; 1-D blocks too."""
+    rng = np.random.default_rng(6)
+    x, y = rng.random((900, 5)), rng.integers(0, 3, 900)
+    P, Y = gdask.from_array(x, block_rows=200).persist(), gdask.from_array(y, block_rows=200).persist()
+    wait(futures_of(P) + futures_of(Y))
+    blocks = {k: v for d in client.run(_block_memory).values() for k, v in d.items()}
+    assert len(blocks) == 10 and all(all(v) for v in blocks.values()), blocks
+    np.testing.assert_array_equal(P.compute(), x)
+    np.testing.assert_array_equal((P * 2).compute(), 2 * x)  # kernels read (and may write) the mapping
+    np.testing.assert_array_equal(Y.compute(), y)
+
+
+def test_blocks_held_already_are_not_written_or_sent_again(client, shm_dir, monkeypatch):
+    """Persisting blocks that the client holds already (the same arrays persisted again) hands back the
+    futures it holds: no file is written and no graph sent. Blocks that failed go the usual way."""
+    x = np.random.default_rng(7).random((800, 3))
+    G = gdask.from_array(x, block_rows=200)
+    P = G.persist()
+    wait(futures_of(P))
+    writes = []
+    real = _shm.write
+    monkeypatch.setattr(_shm, "write", lambda *a, **k: writes.append(1) or real(*a, **k))
+    Q = G.persist()
+    assert not writes and {f.key for f in futures_of(Q)} == {f.key for f in futures_of(P)}
+    del P
+    np.testing.assert_array_equal(Q.compute(), x)  # Q holds the blocks alone now
+    assert len(_files(shm_dir)) == 4
+    del Q
+    _wait_until(lambda: not _files(shm_dir), "the files to be removed once the blocks are released")
+
+    def boom(b):
+        raise RuntimeError("no block")
+
+    B = gdask.from_array(x, block_rows=200).map_blocks(boom, dtype=x.dtype, ncols=3)
+    failed = B.persist()
+    wait(futures_of(failed))
+    assert _same_host.held(B, {}) is None  # (failed blocks: the usual persist, which fails again)
+    with pytest.raises(RuntimeError, match="no block"):
+        B.persist().compute()
+    assert _same_host.held(G, {}) is None  # (released: nothing held)
