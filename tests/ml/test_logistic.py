@@ -1,3 +1,4 @@
+import re
 import warnings
 
 import numpy as np
@@ -257,3 +258,21 @@ def test_penalty_none_with_C_warns_as_sklearn():
     y = (X[:, 0] > 0).astype(int)
     with pytest.warns(UserWarning, match="Setting penalty=None will ignore the C"):
         LogisticRegression(penalty=None, C=4).fit(X, y)
+
+
+def test_label_kinds_are_checked_as_scikit_learn_does():
+    """Labels are checked on their distinct values (cheaper than all of y): every kind scikit-learn
+    refuses is refused with its error, and every kind it takes gives its classes."""
+    X = np.random.default_rng(8).random((6, 2))
+    refused = [[0.5, 1.0, 0.5, 1.0, 2.5, 1.0], [0, 1, np.nan, 1, 0, 1], [0, 1, np.inf, 1, 0, 1],
+               np.array(["a", 1, "b", 2, "a", 1], dtype=object), np.array([0, 1, None, 1, 0, 1], dtype=object)]
+    for y in refused:
+        with pytest.raises(Exception) as theirs:
+            sk.LogisticRegression().fit(X, y)
+        with pytest.raises(type(theirs.value), match=re.escape(str(theirs.value)[:40])):
+            LogisticRegression().fit(X, y)
+    taken = [[0.0, 1.0, 0.0, 1.0, 2.0, 1.0], [True, False, True, True, False, False], ["b", "a", "c", "a", "b", "c"],
+             np.array([3, 7, 3, 7, 3, 7], dtype=np.uint8), np.array(["x", "y", "x", "y", "x", "y"], dtype=object)]
+    for y in taken:
+        ours, theirs = LogisticRegression().fit(X, y), sk.LogisticRegression().fit(X, y)
+        np.testing.assert_array_equal(ours.classes_, theirs.classes_)
