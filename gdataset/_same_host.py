@@ -251,8 +251,13 @@ def _write_all(chunks: list[np.ndarray], where: str) -> list | None:
     return files
 
 
+def _order(chunk: np.ndarray) -> str:
+    """A chunk's layout in its file: :data:`FILE_ORDER` for a 2-D one."""
+    return FILE_ORDER if chunk.ndim == 2 else "C"
+
+
 def _write(chunk: np.ndarray, where: str) -> Any:
-    return _shm.write([chunk], where, order=FILE_ORDER if chunk.ndim == 2 else "C")
+    return _shm.write([chunk], where, order=_order(chunk))
 
 
 def _persist_files(G: Any, client: Any, blocks: list, files: list, kwargs: dict) -> Any:
@@ -268,7 +273,7 @@ def _persist_files(G: Any, client: Any, blocks: list, files: list, kwargs: dict)
         _not_sent(client, keys, files, timeout)
         return None
     layer = next(iter(G.__dask_graph__().layers.values()))
-    tasks = {key: Task(key, load, SharedBlock(f, chunk.shape, f"{key}", FILE_ORDER if chunk.ndim == 2 else "C"))
+    tasks = {key: Task(key, load, SharedBlock(f, chunk.shape, f"{key}", _order(chunk)))
              for (key, chunk), f in zip(blocks, files)}
     graph = HighLevelGraph.from_collections(G.name, MaterializedLayer(tasks, annotations=layer.annotations),
                                             dependencies=())
