@@ -15,12 +15,13 @@ the transfer is off (config ``gdask.gdataset.same-host-transfer``), the data is 
 (:data:`MIN_BYTES`), some worker or the scheduler is elsewhere or does not see the files, or there is no
 room in the directory (config ``gdask.shared-memory-dir``).
 
-A 2-D block's file holds it feature-major (:data:`FILE_ORDER`), the device layout: an emulated device
-keeps the file's private mapping as the block (:meth:`~gdask.devices.EmulatedDevice.hand_over`), so the
-worker neither copies it nor touches fresh memory for it (256 MB in 8 blocks: the first fit's placement
-190-310 -> 35-65 ms on a 2-core machine, for 60-100 ms more of the client's writing), and the dataset
-is in memory once; a GPU copies it in one transfer. :func:`held` persists blocks that the client holds
-already without writing or sending anything.
+Where every worker's device is emulated, a 2-D block's file holds it feature-major, the device layout
+(:func:`file_order`): the device keeps the file's private mapping as the block
+(:meth:`~gdask.devices.EmulatedDevice.hand_over`), so the worker neither copies it nor touches fresh
+memory for it (256 MB in 8 blocks: the first fit's placement 190-310 -> 35-65 ms on a 2-core machine,
+for 60-100 ms more of the client's writing), and the dataset is in memory once. A GPU's worker gets rows
+and makes them feature-major on the device, which costs it next to nothing and the client no time.
+:func:`held` persists blocks that the client holds already without writing or sending anything.
 """
 
 from __future__ import annotations
@@ -37,20 +38,18 @@ from dask.task_spec import Task
 from distributed import Future
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from gdask import _shm, config
+from gdask import _shm, config, protocol
 from gdask._compat import run_on_scheduler_sync, run_sync, scheduler_workers
 from gdask.gdataset import _blocks
 from gdask.gdataset.locality import default_client_or_none
 
-__all__ = ["MIN_BYTES", "PLUGIN_NAME", "SharedBlock", "SharedBlockFiles", "held", "load", "persist"]
+__all__ = ["MIN_BYTES", "PLUGIN_NAME", "SharedBlock", "SharedBlockFiles", "file_order", "held", "load", "persist"]
 
 #: data smaller than this goes in the graph (a file per block and two round trips cost more than it saves)
 MIN_BYTES = 16 << 20
 
 #: the most threads that write a dataset's files at once
 WRITERS = 4
-#: layout of a 2-D block in its file
-FILE_ORDER = "F"
 #: the scheduler plugin's name
 PLUGIN_NAME = "gdask-shared-block-files"
 
@@ -173,13 +172,26 @@ def _host_blocks(G: Any) -> list[tuple[Any, np.ndarray]] | None:
     return out if len(out) == G.nblocks else None
 
 
-def _cluster_on_this_host(client: Any) -> bool:
+def _workers_on_this_host(client: Any) -> dict | None:
+    """The scheduler's ``{address: info}`` of its workers when it and every worker are on this host."""
     try:
         workers = scheduler_workers(client)
     except (OSError, TimeoutError):  # the scheduler does not answer: the usual persist says so, as before
-        return False
-    return bool(workers) and _shm.on_this_host(client.scheduler.address) and all(
-        _shm.on_this_host(addr, info) for addr, info in workers.items())
+        return None
+    if workers and _shm.on_this_host(client.scheduler.address) and all(
+            _shm.on_this_host(addr, info) for addr, info in workers.items()):
+        return workers
+    return None
+
+
+def file_order(workers: dict) -> str:
+    """The layout of 2-D blocks in their files for these workers (their scheduler ``info``): "F"
+    (feature-major) when every worker's device is emulated, which keeps such a file's mapping as the
+    block; else "C" (rows: a GPU makes them feature-major on the device)."""
+    def backend(info: dict) -> Any:
+        return ((info.get("metrics") or {}).get(protocol.METRIC_DEVICE) or {}).get("backend")
+
+    return "F" if workers and all(backend(info) == "emulated" for info in workers.values()) else "C"
 
 
 def _client_in_effect(G: Any, kwargs: dict) -> Any:
@@ -225,13 +237,15 @@ def persist(G: Any, kwargs: dict) -> Any:
     if not blocks:
         return None
     nbytes = sum(c.nbytes for _, c in blocks)
-    if nbytes < MIN_BYTES or not _shm.room(nbytes, where) or not _cluster_on_this_host(client):
+    workers = _workers_on_this_host(client) if nbytes >= MIN_BYTES and _shm.room(nbytes, where) else None
+    if not workers:
         return None
-    files = _write_all([chunk for _, chunk in blocks], where)
-    return None if files is None else _persist_files(G, client, blocks, files, kwargs)
+    order = file_order(workers)
+    files = _write_all([chunk for _, chunk in blocks], where, order)
+    return None if files is None else _persist_files(G, client, blocks, files, kwargs, order)
 
 
-def _write_all(chunks: list[np.ndarray], where: str) -> list | None:
+def _write_all(chunks: list[np.ndarray], where: str, order: str = "C") -> list | None:
     """A file in ``where`` for each chunk, written by up to :data:`WRITERS` threads at once (a memory
     file system's pages are given out per writer: 256 MB in 8 files 135 -> 75 ms with 2 on 2 cores),
     or None, and no file left, when one could not be written."""
@@ -239,10 +253,10 @@ def _write_all(chunks: list[np.ndarray], where: str) -> list | None:
 
     threads = max(1, min(WRITERS, os.cpu_count() or 1, len(chunks)))
     if threads == 1:
-        files = [_write(c, where) for c in chunks]
+        files = [_write(c, where, order) for c in chunks]
     else:
         with ThreadPoolExecutor(threads, thread_name_prefix="gdask-shm-write") as pool:
-            files = list(pool.map(lambda c: _write(c, where), chunks))
+            files = list(pool.map(lambda c: _write(c, where, order), chunks))
     if any(f is None for f in files):
         for f in files:
             if f is not None:
@@ -251,16 +265,16 @@ def _write_all(chunks: list[np.ndarray], where: str) -> list | None:
     return files
 
 
-def _order(chunk: np.ndarray) -> str:
-    """A chunk's layout in its file: :data:`FILE_ORDER` for a 2-D one."""
-    return FILE_ORDER if chunk.ndim == 2 else "C"
+def _order(chunk: np.ndarray, order: str) -> str:
+    """A chunk's layout in its file: ``order`` (:func:`file_order`) for a 2-D one."""
+    return order if chunk.ndim == 2 else "C"
 
 
-def _write(chunk: np.ndarray, where: str) -> Any:
-    return _shm.write([chunk], where, order=_order(chunk))
+def _write(chunk: np.ndarray, where: str, order: str) -> Any:
+    return _shm.write([chunk], where, order=_order(chunk, order))
 
 
-def _persist_files(G: Any, client: Any, blocks: list, files: list, kwargs: dict) -> Any:
+def _persist_files(G: Any, client: Any, blocks: list, files: list, kwargs: dict, order: str = "C") -> Any:
     timeout = float(config.get("timeouts.same-host-check", 30))
     keys = [key for key, _ in blocks]
     try:
@@ -273,7 +287,7 @@ def _persist_files(G: Any, client: Any, blocks: list, files: list, kwargs: dict)
         _not_sent(client, keys, files, timeout)
         return None
     layer = next(iter(G.__dask_graph__().layers.values()))
-    tasks = {key: Task(key, load, SharedBlock(f, chunk.shape, f"{key}", _order(chunk)))
+    tasks = {key: Task(key, load, SharedBlock(f, chunk.shape, f"{key}", _order(chunk, order)))
              for (key, chunk), f in zip(blocks, files)}
     graph = HighLevelGraph.from_collections(G.name, MaterializedLayer(tasks, annotations=layer.annotations),
                                             dependencies=())

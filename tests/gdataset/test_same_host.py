@@ -286,3 +286,18 @@ def test_blocks_held_already_are_not_written_or_sent_again(client, shm_dir, monk
     with pytest.raises(RuntimeError, match="no block"):
         B.persist().compute()
     assert _same_host.held(G, {}) is None  # (released: nothing held)
+
+
+def test_files_are_feature_major_only_where_every_device_keeps_them():
+    """Rows go feature-major into the files only for workers whose emulated devices keep the files'
+    mappings; a GPU (it reorders on the device), a strict device (it copies), a worker without a device
+    or any mix gets rows."""
+    from gdask import protocol
+
+    def workers(*backends):
+        return {f"tcp://127.0.0.1:{i}": {"metrics": {} if b is None else {protocol.METRIC_DEVICE: {"backend": b}}}
+                for i, b in enumerate(backends)}
+
+    assert _same_host.file_order(workers("emulated", "emulated")) == "F"
+    for mixed in [("emulated", "cuda"), ("cuda",), ("emulated-strict", "emulated"), ("emulated", None), ()]:
+        assert _same_host.file_order(workers(*mixed)) == "C", mixed
