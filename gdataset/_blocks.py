@@ -117,24 +117,18 @@ def coalesce(x: Any, xp=None) -> Any:
     return x
 
 
-def to_device(chunk: Any) -> Any:
+def to_device(chunk: Any, handed: bool = False) -> Any:
     """Copy one host (or other-device) chunk into this process's device, coalesced (a sparse chunk
-    as a CSR block: :func:`gdask.devices.sparse_to_device`)."""
+    as a CSR block: :func:`gdask.devices.sparse_to_device`). ``handed``: nothing else holds or writes
+    ``chunk`` (a block read from its file), so a device whose memory is the host's may keep it as it is
+    when it is coalesced already (:meth:`~gdask.devices.EmulatedDevice.hand_over`)."""
     if is_sparse(chunk):
         return sparse_to_device(chunk, current_device())
     if np.ndim(chunk) == 3:  # sequences: time-major
         return _seq.to_device(chunk)
     dev = current_device()
-    return dev.asarray(chunk, order="F" if getattr(chunk, "ndim", np.ndim(chunk)) == 2 else "C")
-
-
-def hand_to_device(chunk: Any) -> Any:
-    """:func:`to_device` for a host chunk that nothing else holds or writes (a block read from its
-    file): a device whose memory is the host's keeps it as it is when it is coalesced already
-    (:meth:`~gdask.devices.EmulatedDevice.hand_over`)."""
-    if is_sparse(chunk) or np.ndim(chunk) not in (1, 2):
-        return to_device(chunk)
-    return current_device().hand_over(chunk, order="F" if chunk.ndim == 2 else "C")
+    put = dev.hand_over if handed else dev.asarray
+    return put(chunk, order="F" if getattr(chunk, "ndim", np.ndim(chunk)) == 2 else "C")
 
 
 def block_op(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

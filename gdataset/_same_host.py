@@ -81,7 +81,7 @@ def load(block: SharedBlock) -> Any:
             f"the file {block.file.path} of a block persisted through shared memory is not there: this worker "
             "is on another host (or sees another shared-memory directory), or the file was removed "
             "(config gdask.gdataset.same-host-transfer: false sends the blocks in the graph)")
-    return _blocks.hand_to_device(arrays[0].reshape(block.shape, order=block.order))
+    return _blocks.to_device(arrays[0].reshape(block.shape, order=block.order), handed=True)
 
 
 class SharedBlockFiles(SchedulerPlugin):

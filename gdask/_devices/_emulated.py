@@ -193,7 +193,7 @@ class EmulatedDevice(DeviceBase):
                 and (x.flags.f_contiguous if order == "F" else x.flags.c_contiguous)):
             return self.asarray(x, order=order)
         started = time.perf_counter()
-        out = self.with_room(_owned_nbytes(_root(x)), lambda: self.pool.adopt(x), "a host->device hand-over")
+        out = self._adopt_array(x, "a host->device hand-over")
         self._transfer(x.nbytes, "h2d", started)
         return out
 
@@ -202,10 +202,14 @@ class EmulatedDevice(DeviceBase):
         self._transfer(x.nbytes, "d2h")
         return x
 
+    def _adopt_array(self, arr: np.ndarray, what: str) -> np.ndarray:
+        """``arr`` charged to the pool (all of its root's memory), making room first when it does not fit."""
+        return self.with_room(_owned_nbytes(_root(arr)), lambda: self.pool.adopt(arr), what)
+
     def adopt(self, result: Any) -> Any:
         """Charge a task's array results to this device's pool."""
         if isinstance(result, np.ndarray):
-            return self.with_room(_owned_nbytes(_root(result)), lambda: self.pool.adopt(result), "a task result")
+            return self._adopt_array(result, "a task result")
         if isinstance(result, (tuple, list)):
             for r in result:
                 self.adopt(r)
