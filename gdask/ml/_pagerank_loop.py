@@ -303,20 +303,21 @@ def _folded_gathers(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray,
     if extra.size:  # the weights whole (in the narrowest type that holds them): the transpose carries them
         values = np.ones(len(indices), (np.uint8, np.float32, np.float64)[weight_kind(extra_w)])
         values[extra] = extra_w
-    pos = np.empty(n, order.dtype)
-    pos[order.astype(np.int64)] = np.arange(n, dtype=order.dtype)
+    udt = np.uint32 if n < 2 ** 32 else np.uint64  # 4-byte positions: half the cache lines of their lookups
+    pos = np.empty(n, udt)
+    pos[order.astype(np.int64)] = np.arange(n, dtype=udt)
     inverse_out_weights(indptr, values, y)  # (y as scratch) the inverse out-weights, renumbered
     inv[pos] = y
     y[:] = 1.0 / n
-    mptr = np.empty(n + 1, np.int64)
+    mptr = np.empty(n + 1, np.uint32 if len(indices) < 2 ** 32 else np.uint64)
     midx = np.empty(len(indices), indices.dtype)
     mval = np.empty(len(values))
     pre = np.zeros(n)
     own = np.empty(OWN_FOUND, np.int64)
-    p, kept, nown = transpose_fold(indptr.astype(np.int64), indices, values, pos, inv, mptr, midx, mval, pre, own)
+    p, kept, nown = transpose_fold(indptr.astype(np.int64), indices, values, pos, inv, mptr, midx, mval, pre, own,
+                                   np.empty(len(indices), udt))
     loops, loop_w = own_links(indptr, indices, values, 0, pos=pos, found=(own, nown))
     midx, mval = midx[:kept], mval[:kept] if mval.size else mval
-    mptr = mptr.astype(np.uint32 if len(indices) < 2 ** 32 else np.uint64)
     x = inv * y
     p_dangling = int(np.count_nonzero(inv[:p] == 0.0))
     state = [1.0 / n]  # the leading nodes' value: 1 / n, then each sweep's constant term

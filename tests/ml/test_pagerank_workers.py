@@ -416,24 +416,27 @@ def test_one_block_takes_the_nodes_that_receive_nothing_out_of_the_sweeps(weight
     np.testing.assert_allclose(full @ (inv * y), 0.3 * pre + left @ (inv * y), rtol=1e-12)
 
 
-def _fold(A, pos, inv, weighted):
-    """:func:`transpose_fold` of ``A`` renumbered by ``pos``: ``M``'s row pointers, indices and values
-    less the links of the nodes that receive nothing and come first, and their sums per row."""
+def _fold(A, pos, inv, weighted, ptr_dtype=np.uint32):
+    """:func:`transpose_fold` of ``A`` renumbered by ``pos``: ``M``'s row pointers (of ``ptr_dtype``,
+    where the kernel counts the rows' links), indices and values less the links of the nodes that
+    receive nothing and come first, and their sums per row."""
     n = A.shape[0]
-    ptr, idx = np.empty(n + 1, np.int64), np.empty(A.nnz, np.uint32)
+    ptr, idx = np.empty(n + 1, ptr_dtype), np.empty(A.nnz, np.uint32)
     val, pre = np.empty(A.nnz if weighted else 0), np.zeros(n)
     own = np.empty(1, np.int64)  # room for one of the links from a node to itself: the others only counted
+    rows = np.full(A.nnz, 7, np.uint32)  # scratch: what it holds before does not matter
     p, kept, nown = transpose_fold(A.indptr.astype(np.int64), unsigned(A.indices), A.data, pos.astype(np.uint32), inv,
-                                   ptr, idx, val, pre, own)
+                                   ptr, idx, val, pre, own, rows)
     assert p == int((np.bincount(A.indices, minlength=n) == 0).sum()) and kept == ptr[-1]  # received order: they lead
     selfs = np.flatnonzero(A.indices == np.repeat(np.arange(n), np.diff(A.indptr)))
     assert nown == selfs.size > 1 and own[0] == selfs[0]
     return ptr, idx, val, pre
 
 
+@pytest.mark.parametrize("ptr_dtype", [np.uint32, np.int64])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("graph", ["hubs", "random"])
-def test_transpose_fold_is_the_transpose_less_the_first_nodes_links(graph, weighted):
+def test_transpose_fold_is_the_transpose_less_the_first_nodes_links(graph, weighted, ptr_dtype):
     # most links come from nodes that receive none (hubs: the links left are counted) or few do (random:
     # their links are taken off the counts); either way M's other links stay, in M's order, and each row's
     # sum over the first p nodes' links is what the transpose's row held
@@ -451,7 +454,7 @@ def test_transpose_fold_is_the_transpose_less_the_first_nodes_links(graph, weigh
     p = int((np.bincount(A.indices, minlength=n) == 0).sum())
     inv = np.random.default_rng(5).random(n)
     Q = prepare(A, pos, 1)  # the whole transpose (transpose_renumber)
-    ptr, idx, val, pre = _fold(A, pos, inv, weighted)
+    ptr, idx, val, pre = _fold(A, pos, inv, weighted, ptr_dtype)
     links_folded = int(np.diff(A.indptr)[perm[:p]].sum())
     assert (2 * links_folded > A.nnz) == (graph == "hubs") and p > 0
     keep = Q.indices >= p

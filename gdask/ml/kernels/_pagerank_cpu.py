@@ -319,7 +319,7 @@ def sweep_block(indptr, indices, values, lo, x, xprev, inv, y, damping, teleport
 
 
 @njit(nogil=True, cache=True)
-def transpose_fold(indptr, indices, data, pos, inv, out_ptr, out_idx, out_val, pre, own):  # pragma: no cover - compiled
+def transpose_fold(indptr, indices, data, pos, inv, out_ptr, out_idx, out_val, pre, own, rows):  # pragma: no cover - compiled
     """:func:`transpose_renumber` (``pos`` a renumbering) with the links of the nodes that receive
     none and come first in the new numbering (the first ``p``) left out of ``M``: each row's sum
     ``pre[r] = sum of w * inv[c]`` over them instead (``inv`` renumbered; each such node's value in a
@@ -332,7 +332,12 @@ def transpose_fold(indptr, indices, data, pos, inv, out_ptr, out_idx, out_val, p
     and a pass over ``M`` after it: on a graph whose links end in a few thousand hubs they are ~80%
     of the links (1M nodes, 4.2M links: 181 + 51 ms for the transpose and that pass, measured on a
     worker). The row counts of the links left come from the counts of all links less those of the
-    first ``p`` nodes' links, or from counting the links left, whichever reads fewer links."""
+    first ``p`` nodes' links, or from counting the links left, whichever reads fewer links.
+
+    ``rows`` (one per link, scratch) takes each link's renumbered destination in the first pass, so
+    the later passes read it in order instead of looking ``pos`` up at random again; the row counts
+    are kept in ``out_ptr`` itself, whose type (4 bytes when the links fit) halves their cache lines
+    (6.4M links into 1M nodes: 0.75 -> 0.25 s with both)."""
     n = indptr.shape[0] - 1
     nnz = indptr[n]
     weighted = out_val.shape[0] > 0
@@ -340,7 +345,9 @@ def transpose_fold(indptr, indices, data, pos, inv, out_ptr, out_idx, out_val, p
     counts[:] = 0
     one = np.uint64(1)
     for k in range(nnz):
-        counts[np.uint64(pos[np.uint64(indices[k])]) + one] += 1
+        r = pos[np.uint64(indices[k])]
+        rows[k] = r
+        counts[np.uint64(r) + one] += 1
     p = 0
     while p < n and counts[p + 1] == 0:
         p += 1
@@ -353,13 +360,13 @@ def transpose_fold(indptr, indices, data, pos, inv, out_ptr, out_idx, out_val, p
         for s in range(n):
             if np.uint64(pos[s]) < up:
                 for k in range(indptr[s], indptr[s + 1]):
-                    counts[np.uint64(pos[np.uint64(indices[k])]) + one] -= 1
+                    counts[np.uint64(rows[k]) + one] -= 1
     else:  # the links left, counted
         counts[:] = 0
         for s in range(n):
             if np.uint64(pos[s]) >= up:
                 for k in range(indptr[s], indptr[s + 1]):
-                    counts[np.uint64(pos[np.uint64(indices[k])]) + one] += 1
+                    counts[np.uint64(rows[k]) + one] += 1
     for r in range(n):
         counts[r + 1] += counts[r]
     nown = 0
@@ -368,11 +375,11 @@ def transpose_fold(indptr, indices, data, pos, inv, out_ptr, out_idx, out_val, p
         if ps < up:
             c = inv[ps]
             for k in range(indptr[s], indptr[s + 1]):
-                r = np.uint64(pos[np.uint64(indices[k])])
+                r = np.uint64(rows[k])
                 pre[r] += data[k] * c if weighted else c
         else:
             for k in range(indptr[s], indptr[s + 1]):
-                r = np.uint64(pos[np.uint64(indices[k])])
+                r = np.uint64(rows[k])
                 q = np.uint64(counts[r])
                 out_idx[q] = ps
                 if weighted:
