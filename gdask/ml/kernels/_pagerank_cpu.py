@@ -319,7 +319,8 @@ def sweep_block(indptr, indices, values, lo, x, xprev, inv, y, damping, teleport
 
 
 @njit(nogil=True, cache=True)
-def transpose_fold(indptr, indices, data, pos, inv, out_ptr, out_idx, out_val, pre, own, rows):  # pragma: no cover - compiled
+def transpose_fold(indptr, indices, data, pos, inv, out_ptr, out_idx, out_val, pre, own,
+                   rows):  # pragma: no cover - compiled
     """:func:`transpose_renumber` (``pos`` a renumbering) with the links of the nodes that receive
     none and come first in the new numbering (the first ``p``) left out of ``M``: each row's sum
     ``pre[r] = sum of w * inv[c]`` over them instead (``inv`` renumbered; each such node's value in a
