@@ -12,6 +12,7 @@ from gdask.ml import _pagerank
 from gdask.ml._pagerank import (
     DANGLING_NATURAL,
     ORDERLESS,
+    RENUMBER_MIN_SHARE,
     _clearly_orderless,
     _sweep_order,
     _worker_blocks,
@@ -483,7 +484,8 @@ def test_one_block_change_bounds_the_ranks_change(order):
         prev = res["y"]
 
 
-def test_one_block_converges_to_the_reference_in_every_order(client):
+def test_one_block_converges_to_the_reference_in_every_order(client, monkeypatch):
+    monkeypatch.setattr(_pagerank, "RENUMBER_MIN_SHARE", 0.0)  # renumbered at this graph's share (0.86)
     A = _graph_with_weights_and_dangling(n=70_000, seed=4)
     results = {}
     for kind, B in (("natural", A), ("shuffled", _shuffled(A, 2))):
@@ -499,11 +501,12 @@ def test_one_block_converges_to_the_reference_in_every_order(client):
 
 
 @pytest.mark.parametrize("same_host", [True, False])
-def test_one_block_through_shared_memory_or_the_socket_the_same_bits(client, tmp_path, same_host):
+def test_one_block_through_shared_memory_or_the_socket_the_same_bits(client, tmp_path, same_host, monkeypatch):
     # the graph, the order and the ranks through a file in shared memory, or through the socket: the
     # same bits; no file is left behind
     import dask
 
+    monkeypatch.setattr(_pagerank, "RENUMBER_MIN_SHARE", 0.0)  # renumbered at this graph's share (0.86)
     A = _shuffled(_graph_with_weights_and_dangling(n=70_000, seed=5), 3)
     with dask.config.set({"gdask.ml.same-host-transfer": False}):
         ref = gdask.ml.pagerank(A, tol=1e-9, nblocks=1, loop="workers", client=client)
@@ -527,6 +530,22 @@ def test_one_block_through_shared_memory_or_the_socket_the_same_bits(client, tmp
     assert info["order"] == "in-degree"
     assert len(written) == (2 if same_host else 0) and all(isinstance(w, _shm.SharedArrays) for w in written)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_one_block_renumbers_only_from_the_minimum_share(client):
+    # one block is renumbered by received rank when that order's share reaches RENUMBER_MIN_SHARE (its sort
+    # and transpose cost more sweeps than it saves below); the ranks are the same either way, and
+    # sweep_order (the graph loop's choice, whose blocks are built anyway) keeps choosing it
+    low = _shuffled(_graph_with_weights_and_dangling(n=70_000, seed=4), 2)
+    high = _shuffled(gdask.ml.powerlaw_graph(70_000, avg_degree=5, seed=4, p_back=0.05), 2)
+    shares = {name: _sweep_order(B)[2] for name, B in (("low", low), ("high", high))}
+    assert shares["low"] < RENUMBER_MIN_SHARE <= shares["high"]
+    for name, B in (("low", low), ("high", high)):
+        assert sweep_order(B)[0] == "in-degree"
+        r, info = gdask.ml.pagerank(B, tol=1e-10, nblocks=1, loop="workers", return_info=True, client=client)
+        assert info["order"] == ("in-degree" if name == "high" else "ascending"), name
+        _, want = _power_iterations(B, 1e-12)  # SciPy's power iteration, to a tight tolerance
+        np.testing.assert_allclose(r, want / want.sum(), rtol=0, atol=1e-9)
 
 
 def test_one_block_falls_back_to_the_socket_when_the_worker_sees_no_file(client, monkeypatch, tmp_path):
