@@ -397,11 +397,9 @@ def pagerank(A: Any, *, damping: float = 0.85, tol: float = 1e-6, max_iter: int 
     that most of the transition weight follows (:func:`sweep_order`): the node order, descending
     when most links point to lower-numbered nodes (citation graphs) or ascending, or, when the
     node order does not follow the links, the nodes renumbered by the rank they receive (sources
-    first; in one block on the workers only when that order's forward share is
-    :data:`RENUMBER_MIN_SHARE` or more, as the renumbering costs a few sweeps' time). Rank then
-    travels along chains of links within one sweep, which needs several times fewer sweeps than
-    power iterations on graphs with such an order. ``method="jacobi"`` is the
-    power-iteration update (every block product reads the previous iterate).
+    first; one block on the workers only from a forward share of :data:`RENUMBER_MIN_SHARE`). Rank
+    travels along chains of links within one sweep: several times fewer sweeps than power iterations
+    on such graphs. ``method="jacobi"``: power-iteration updates (each block product reads the last iterate).
 
     Parameters
     ----------
