@@ -238,6 +238,7 @@ class GPUPlacement(SchedulerPlugin):
         self._configured: dict[str, float] = {}  # emulated devices' configured speeds (what they run at)
         self._last_check = 0.0
         self._rebalancing: asyncio.Task | None = None
+        self._recheck = False  # a check came while a rebalance ran: plan again when it ends
         self.moves = 0  # blocks moved by rebalancing
         self.replaced = 0  # tasks re-placed after a worker died
         self.last_moves: list[tuple[str, str, str]] = []
@@ -480,10 +481,18 @@ class GPUPlacement(SchedulerPlugin):
         """Start a rebalance of the cached blocks when no placed task is outstanding (at most one
         check per ``interval``)."""
         if self.rebalance and self._families and not self._meta:
+            if self.rebalancing:  # its moves may have skipped blocks a task was about to read
+                self._recheck = True
+                return
             now = time.monotonic()
-            if now - self._last_check >= self.interval and (self._rebalancing is None or self._rebalancing.done()):
+            if now - self._last_check >= self.interval:
                 self._last_check = now
                 self._rebalancing = asyncio.get_running_loop().create_task(self._rebalance())
+
+    @property
+    def rebalancing(self) -> bool:
+        """Whether a rebalance is under way."""
+        return self._rebalancing is not None and not self._rebalancing.done()
 
     def log_event(self, topic: Any, msg: Any) -> None:
         # a loop on the workers sends its passes' durations as an event of its last rank-0 step, ahead of its
@@ -556,6 +565,16 @@ class GPUPlacement(SchedulerPlugin):
         return moves
 
     async def _rebalance(self) -> None:
+        """Move blocks by :meth:`plan_moves`; plan again when a check came meanwhile (and nothing
+        placed is outstanding: else the check at the end of those tasks plans)."""
+        while True:
+            self._recheck = False
+            await self._rebalance_once()
+            if not (self._recheck and self.rebalance and self._families and not self._meta):
+                return
+            self._last_check = time.monotonic()
+
+    async def _rebalance_once(self) -> None:
         moves: list[tuple[Any, list[str], str]] = []  # what the except below asks about when planning failed
         try:
             moves = self.plan_moves()
@@ -649,7 +668,7 @@ class GPUPlacement(SchedulerPlugin):
 
     def _handle_stats(self, **kwargs: Any) -> dict[str, Any]:
         return {"workers": self.placement_stats(), "moves": self.moves, "last_moves": self.last_moves,
-                "replaced": self.replaced,
+                "replaced": self.replaced, "rebalancing": self.rebalancing,
                 "pinned": len(self._pinned), "outstanding": self.placer.outstanding() if self.placer else 0}
 
 

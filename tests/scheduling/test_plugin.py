@@ -170,6 +170,39 @@ async def test_rebalance_switches_a_blocks_copies_in_one_step(c, s, a, b):
 
 
 @gen_cluster(client=True, nthreads=[("", 1)] * 2)
+async def test_a_check_while_a_rebalance_runs_plans_again_when_it_ends(c, s, a, b):
+    """An iteration that ends while a rebalance still moves blocks (whose moves skip the blocks that
+    iteration's tasks were about to read) is not lost: the rebalance plans again when it ends; with
+    no check meanwhile it plans once."""
+    await c.register_plugin(GPUPlacement())
+    plugin = s.plugins[GPUPlacement.name]
+    plugin.interval = 0.0
+    plugin._families["blk"].add(("blk", 0))
+    plans, release = [], asyncio.Event()
+
+    def plan():
+        plans.append(len(plans))
+        return [(("blk", 0), [a.address], b.address)]
+
+    async def held_move(dst, blocks, stimulus_id):
+        await release.wait()
+        return {}
+
+    plugin.plan_moves, plugin._move_to = plan, held_move
+    plugin._check_balance()
+    while not plans:
+        await asyncio.sleep(0.01)
+    plugin._check_balance()  # an iteration ends meanwhile
+    assert plugin.rebalancing and plans == [0]
+    release.set()
+    await plugin._rebalancing
+    assert plans == [0, 1] and not plugin.rebalancing
+    plugin._check_balance()
+    await plugin._rebalancing
+    assert plans == [0, 1, 2]
+
+
+@gen_cluster(client=True, nthreads=[("", 1)] * 2)
 async def test_a_rebalance_overtaken_by_a_lost_worker_is_no_error(c, s, a, b, caplog):
     """A move whose worker left (or whose scheduler closes) meanwhile fails quietly: the blocks are
     where they were, nothing to report; a move that fails with every worker there is an ERROR."""
@@ -296,6 +329,15 @@ def test_worker_killed_mid_iteration_same_result(hetero):
     np.testing.assert_allclose(X.reduce_blocks(_sleepy, _add, 1e-6, 1).compute(timeout=60), expected)
 
 
+def _wait_rebalanced(client, timeout=30.0):
+    """Wait until no rebalance is under way (one starts as an iteration's last task ends)."""
+    deadline = time.monotonic() + timeout
+    while client.sync(client.scheduler.gdask_placement_stats)["rebalancing"]:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"a rebalance of the blocks still ran after {timeout} s")
+        time.sleep(0.01)
+
+
 def test_blocks_rebalanced_when_measured_speeds_differ():
     from distributed import Client
 
@@ -308,7 +350,7 @@ def test_blocks_rebalanced_when_measured_speeds_differ():
         assert _counts(X, c) == {0: 5, 1: 5}  # nothing measured yet: equal split
         for it in range(6):
             assert X.reduce_blocks(_sleepy, _add, 2e-5, it).compute()[0] == 10_000
-            time.sleep(0.2)  # moves run between iterations
+            _wait_rebalanced(c)  # moves run between iterations
         counts = _counts(X, c)
         stats = c.sync(c.scheduler.gdask_placement_stats)
     assert stats["moves"] > 0
