@@ -11,7 +11,9 @@ so it prints nothing and changes nothing that the process's other threads (a wor
 :class:`WarmKernels` does it in a background thread when a device worker starts (installed through
 config ``gdask.plugins.worker``, entry ``gdask.ml:warm_kernels_plugin``; config
 ``gdask.ml.warm-kernels: false`` turns it off), so the first fit's iterations do not include compile
-time; :func:`wait_for_warm_kernels` waits for the workers' warm-ups and says how long they took.
+time; :func:`wait_for_warm_kernels` waits for the workers' warm-ups and says how long they took. It
+also imports what the estimators' loops on the workers import (:data:`LOOP_MODULES`) before the
+worker's first task.
 
 numba compiles under one process-wide lock. A worker compiling its kernels in a thread would hold it
 for seconds at a time (tens of seconds on a busy machine), and every task that needs a kernel not
@@ -24,6 +26,7 @@ or runs past ``gdask.timeouts.warm-kernels`` the thread compiles.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import subprocess
@@ -45,6 +48,17 @@ logger = logging.getLogger("gdask.ml")
 #: rows, features and clusters (or classes) of the warm-up's blocks: 8 features, as a fit from 8
 #: features up steps on Hamerly's bounds
 _N, _D, _K = 64, 8, 4
+
+
+#: what the estimators' loops import on a worker (scipy.optimize, for the logistic regression's L-BFGS
+#: on the workers, takes ~0.1 s): imported as the worker starts, not in its first fit's iterations
+LOOP_MODULES = ("gdask.ml._kmeans._loop", "gdask.ml._kmeans._init", "gdask.ml._logistic._loop", "scipy.optimize")
+
+
+def import_loops() -> None:
+    """Import :data:`LOOP_MODULES` here."""
+    for name in LOOP_MODULES:
+        importlib.import_module(name)
 
 
 def _calls(x: Any, host: np.ndarray) -> list[Callable[[], Any]]:
@@ -242,6 +256,7 @@ class WarmKernels(WorkerPlugin):
 
     def setup(self, worker: Any) -> None:
         self._done = threading.Event()
+        import_loops()  # before the worker runs a task, as the kernels' modules below
         backend = _numba_backend(worker)
         if backend is None:
             self.seconds, self.total = 0.0, 0

@@ -330,6 +330,12 @@ def test_the_warm_up_code_sets_no_warnings_filters_or_config():
                 raise AssertionError(f"{path.name}:{node.lineno}: dask.config.set")
 
 
+def _loops_imported(dask_worker=None):
+    from gdask.ml._warm import LOOP_MODULES
+
+    return all(name in sys.modules for name in LOOP_MODULES)
+
+
 def test_a_new_cluster_returns_once_its_kernels_are_loaded():
     """Kernels in numba's cache load in about half a second: LocalGPUCluster returns after that, so the
     first fit's tasks do not share the workers' CPUs with the warm-up."""
@@ -342,7 +348,9 @@ def test_a_new_cluster_returns_once_its_kernels_are_loaded():
     with LocalGPUCluster(n_devices=2, backend="emulated", dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         status = client.run(_warm_status)
+        imported = client.run(_loops_imported)
     assert len(status) == 2
+    assert all(imported.values()), imported  # what the fits' loops import: not in the first fit's time
     assert all(s["done"] and s["phase"] == "done" and s["compiled"] == s["total"] > 0 for s in status.values())
 
 
