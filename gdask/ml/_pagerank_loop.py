@@ -93,9 +93,15 @@ class Prepared:
         lo, hi = int(self.bounds[b]), int(self.bounds[b + 1])
         a, z = int(self.indptr[lo]), int(self.indptr[hi])
         ptr = self.indptr[lo:hi + 1] - a
-        ptr = ptr.astype(np.uint32 if z - a < 2 ** 32 else np.uint64)
+        ptr = ptr.astype(index_dtype(z - a))
         vals = self.values[a:z] if self.values.size else self.values
         return b, lo, ptr, self.indices[a:z], vals
+
+
+def index_dtype(count: int) -> type:
+    """The unsigned type of positions among ``count`` items (or of offsets up to ``count``): uint32
+    below 2**32 (4 bytes: half the cache lines of a gather), else uint64."""
+    return np.uint32 if count < 2 ** 32 else np.uint64
 
 
 def prepare(A: Any, pos: np.ndarray | None, nblocks: int, stop: np.ndarray | None = None) -> Prepared | None:
@@ -106,10 +112,10 @@ def prepare(A: Any, pos: np.ndarray | None, nblocks: int, stop: np.ndarray | Non
     lo_w = float(A.data.min()) if A.nnz else 1.0
     uniform = A.nnz == 0 or (lo_w > 0 and lo_w == float(A.data.max()))
     indptr = A.indptr.astype(np.int64, copy=False)
-    udt = np.uint32 if n < 2 ** 32 else np.uint64  # 4-byte positions: half the cache lines of the gathers
+    udt = index_dtype(n)  # 4-byte positions: half the cache lines of the gathers
     p = np.empty(0, udt) if pos is None else np.asarray(pos).astype(udt)
     mptr = np.empty(n + 1, np.int64)
-    midx = np.empty(A.nnz, np.uint32 if n < 2 ** 32 else np.uint64)
+    midx = np.empty(A.nnz, udt)
     mval = np.empty(0 if uniform else A.nnz, np.float64)
     if not transpose_renumber(indptr, unsigned(A.indices), A.data, p, mptr, midx, mval,
                               np.zeros(1, np.uint8) if stop is None else stop):
@@ -165,9 +171,8 @@ def direct(A: Any, perm: np.ndarray | None) -> Direct:
     others as positions and weights: the sweeps then read no weight a link (20M links: 65-72 -> 55-61
     ms a sweep against uint8 weights, in turn in one process)."""
     n = A.shape[0]
-    small = A.nnz < 2 ** 32
-    indptr = A.indptr.astype(np.uint32 if small else np.uint64)
-    udt = np.uint32 if n < 2 ** 32 else np.uint64
+    indptr = A.indptr.astype(index_dtype(A.nnz))
+    udt = index_dtype(n)
     order = np.empty(0, udt) if perm is None else np.asarray(perm).astype(udt)
     # one pass over the weights where they weigh 1 but a few (none, or duplicate links): the min and max
     # (every weight the same, not 1) are read only for the others
@@ -303,13 +308,13 @@ def _folded_gathers(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray,
     if extra.size:  # the weights whole (in the narrowest type that holds them): the transpose carries them
         values = np.ones(len(indices), (np.uint8, np.float32, np.float64)[weight_kind(extra_w)])
         values[extra] = extra_w
-    udt = np.uint32 if n < 2 ** 32 else np.uint64  # 4-byte positions: half the cache lines of their lookups
+    udt = index_dtype(n)  # 4-byte positions: half the cache lines of their lookups
     pos = np.empty(n, udt)
     pos[order.astype(np.int64)] = np.arange(n, dtype=udt)
     inverse_out_weights(indptr, values, y)  # (y as scratch) the inverse out-weights, renumbered
     inv[pos] = y
     y[:] = 1.0 / n
-    mptr = np.empty(n + 1, np.uint32 if len(indices) < 2 ** 32 else np.uint64)
+    mptr = np.empty(n + 1, index_dtype(len(indices)))
     midx = np.empty(len(indices), indices.dtype)
     mval = np.empty(len(values))
     pre = np.zeros(n)

@@ -772,3 +772,9 @@ def test_own_links_past_what_the_kernels_note_are_found_by_a_scan(monkeypatch):
             runs[room, order is None] = _one_block(OneRank(), P.arrays, P.order, 0.85, 1e-12, 200, False)
     for node_order in (True, False):
         np.testing.assert_array_equal(runs[2, node_order]["y"], runs[loop.OWN_FOUND, node_order]["y"])
+
+
+def test_positions_and_offsets_take_four_bytes_below_two_to_the_32():
+    from gdask.ml._pagerank_loop import index_dtype
+
+    assert [index_dtype(c) for c in (0, 2**32 - 1, 2**32, 2**40)] == [np.uint32, np.uint32, np.uint64, np.uint64]
