@@ -479,7 +479,7 @@ class GPUPlacement(SchedulerPlugin):
 
     def _check_balance(self) -> None:
         """Start a rebalance of the cached blocks when no placed task is outstanding (at most one
-        check per ``interval``)."""
+        check per ``interval``); a check while a rebalance runs is planned when that one ends."""
         if self.rebalance and self._families and not self._meta:
             if self.rebalancing:  # its moves may have skipped blocks a task was about to read
                 self._recheck = True
