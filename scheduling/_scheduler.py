@@ -261,10 +261,10 @@ class GPUPlacement(SchedulerPlugin):
 
     async def before_close(self) -> None:
         """Stop a rebalance under way: its workers are about to close (the blocks stay where they are)."""
-        task, self.rebalance = self._rebalancing, False
-        if task is not None and not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        self.rebalance = False
+        if self.rebalancing:
+            self._rebalancing.cancel()
+            await asyncio.gather(self._rebalancing, return_exceptions=True)
 
     async def close(self) -> None:
         if self.gather_log is not None:
@@ -480,7 +480,7 @@ class GPUPlacement(SchedulerPlugin):
     def _check_balance(self) -> None:
         """Start a rebalance of the cached blocks when no placed task is outstanding (at most one
         check per ``interval``); a check while a rebalance runs is planned when that one ends."""
-        if self.rebalance and self._families and not self._meta:
+        if self._balance_due():
             if self.rebalancing:  # its moves may have skipped blocks a task was about to read
                 self._recheck = True
                 return
@@ -488,6 +488,11 @@ class GPUPlacement(SchedulerPlugin):
             if now - self._last_check >= self.interval:
                 self._last_check = now
                 self._rebalancing = asyncio.get_running_loop().create_task(self._rebalance())
+
+    def _balance_due(self) -> bool:
+        """Whether the cached blocks may be rebalanced now: rebalancing is on, there are cached
+        blocks, and no placed task is outstanding."""
+        return bool(self.rebalance and self._families and not self._meta)
 
     @property
     def rebalancing(self) -> bool:
@@ -570,7 +575,7 @@ class GPUPlacement(SchedulerPlugin):
         while True:
             self._recheck = False
             await self._rebalance_once()
-            if not (self._recheck and self.rebalance and self._families and not self._meta):
+            if not (self._recheck and self._balance_due()):
                 return
             self._last_check = time.monotonic()
 
