@@ -21,12 +21,11 @@ the lock is released.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import weakref
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable, Hashable, Iterator
+from typing import Any, Callable, Hashable
 
 import numpy as np
 from dask.utils import format_bytes
@@ -105,6 +104,22 @@ def aligned(value: Any) -> Any:
     return value
 
 
+class _Locked:
+    """The context manager of :meth:`Entries.locked`."""
+
+    __slots__ = ("entries",)
+
+    def __init__(self, entries: Entries) -> None:
+        self.entries = entries
+
+    def __enter__(self) -> Entries:
+        self.entries.lock.acquire()
+        return self.entries
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.entries._release(hooks=exc_type is None)
+
+
 class Entries:
     """The managed blocks of one store, and the moves between tiers that need no waiting.
 
@@ -149,18 +164,22 @@ class Entries:
         self.draining: list[tuple[Any, int]] = []  # (weak reference, bytes) of evicted device arrays
         self.checked: Any = None  # the last task whose inputs were checked (check_inputs)
         self._hooks: list[tuple[Callable, Key, int]] = []
+        self._locked = _Locked(self)
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[Entries]:
-        """Hold the lock; on release, call the eviction hooks of what was evicted meanwhile."""
-        self.lock.acquire()
-        try:
-            yield self
-        finally:
-            hooks, self._hooks = self._hooks, []
-            self.lock.release()
-        for hook, key, nbytes in hooks:
-            hook(key, nbytes)
+    def locked(self) -> _Locked:
+        """``with entries.locked() as en:`` holds the lock; on release, calls the eviction hooks of
+        what was evicted meanwhile (a plain object, not a generator: every read takes it several
+        times)."""
+        return self._locked
+
+    def _release(self, hooks: bool) -> None:
+        """Release the lock, then call the eviction hooks gathered meanwhile (dropped, with ``hooks``
+        false: the body raised)."""
+        calls, self._hooks = self._hooks, []
+        self.lock.release()
+        if hooks:
+            for hook, key, nbytes in calls:
+                hook(key, nbytes)
 
     # -- the set of blocks ------------------------------------------------------------------------
     def add(self, key: Key, value: Any, nbytes: int, job: str | None) -> None:
@@ -253,10 +272,15 @@ class Entries:
     def evictable(self, protect, *, job: str | None = None, free_now: bool = False) -> dict[Key, int]:
         """Blocks on the device that may be evicted to make room for ``job``: never those in
         ``protect`` or of another job within its request; with ``free_now`` none a running task
-        holds (evicting it would free nothing now)."""
+        holds (evicting it would free nothing now). May be :attr:`resident` itself (read it before
+        evicting)."""
         keep = self.quota.protected(job)
-        if not keep and not free_now:  # the common case, in one pass at C speed
-            return {k: n for k, n in self.resident.items() if k not in protect}
+        if not keep and not free_now:  # the common case: no copy when nothing is protected (a prefetch
+            # protects the block it loads, which is not on the device)
+            resident = self.resident
+            if not any(k in resident for k in protect):
+                return resident
+            return {k: n for k, n in resident.items() if k not in protect}
         out = {}
         for k, n in self.resident.items():
             if k in protect:
