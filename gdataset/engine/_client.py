@@ -39,6 +39,7 @@ from gdask.gdataset._core import GDataSet, _Operands, device_layer
 from gdask.gdataset.collective import CollectiveError, run_on_workers
 from gdask.gdataset.engine import _worker
 from gdask.gdataset.engine._api import Blocks, IterativeAlgorithm, LoopContext, block_arg, pass_name
+from gdask.gdataset.engine._blas import ONE_BLAS_THREAD
 from gdask.gdataset.engine._events import CheckpointEvents, LoopEvents, loop_topic
 from gdask.gdataset.engine._plan import Situation
 from gdask.gdataset.engine._records import Records
@@ -184,11 +185,15 @@ class LocalPasses:
     ``"threads"`` or an executor) and every dataset's blocks are values in memory (persisted here);
     otherwise :meth:`ClientContext.map` builds the graph as before. The pool is Dask's ``pool`` or
     ``scheduler`` executor when configured, else one of ``num_workers`` (default: the CPU count)
-    threads that :meth:`close` shuts down."""
+    threads that :meth:`close` shuts down. From the first pass whose tasks run side by side until
+    :meth:`close`, BLAS runs one thread a call (:data:`~gdask.gdataset.engine._blas.ONE_BLAS_THREAD`;
+    setting it for each pass cost more than it saved: OpenBLAS starts its threads again)."""
 
     def __init__(self) -> None:
         self._pool: Executor | None = None
         self._own = False
+        self._threads = 0  # of the pool this object made
+        self._one_blas = False  # holds ONE_BLAS_THREAD (from the first pass with tasks side by side)
         self._blocks: dict[str, list | None] = {}
 
     def executor(self) -> Executor | None:
@@ -204,6 +209,7 @@ class LocalPasses:
         if self._pool is None:
             n = int(dask.config.get("num_workers", None) or CPU_COUNT)
             self._pool, self._own = ThreadPoolExecutor(max_workers=n, thread_name_prefix="gdask-pass"), True
+            self._threads = n
         return self._pool
 
     def blocks(self, g: GDataSet) -> list | None:
@@ -235,6 +241,9 @@ class LocalPasses:
         """Run the groups' tasks on ``pool``; bounded by config ``gdask.timeouts.pass`` (then
         :class:`TimeoutError` naming ``what``)."""
         limit = float(config.get("timeouts.pass", 3600))
+        if not self._one_blas and len(calls) > 1 and (not self._own or self._threads > 1):
+            ONE_BLAS_THREAD.hold()  # tasks side by side are the parallelism: until close()
+            self._one_blas = True
         futures = [pool.submit(_blocks.group_map_op, func, nargs, *flat, **kwargs) for flat in calls]
         done, pending = wait_futures(futures, timeout=limit, return_when=FIRST_EXCEPTION)
         for f in futures:
@@ -254,6 +263,9 @@ class LocalPasses:
             self._pool.shutdown(wait=False)
         self._pool, self._own = None, False
         self._blocks.clear()
+        if self._one_blas:
+            self._one_blas = False
+            ONE_BLAS_THREAD.release()
 
 
 class ClientContext(LoopContext):

@@ -193,3 +193,72 @@ def test_kmeans_without_a_client_gives_the_graphs_bits():
     np.testing.assert_array_equal(fast.cluster_centers_, slow.cluster_centers_)
     np.testing.assert_array_equal(fast.labels_, slow.labels_)
     assert fast.inertia_ == slow.inertia_
+
+
+def _blas_threads() -> set[int]:
+    from threadpoolctl import threadpool_info
+
+    return {lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}
+
+
+def _blas_in_task(b):
+    return _blas_threads()
+
+
+class _BlasPasses(IterativeAlgorithm):
+    """Two passes that report the BLAS threads their tasks see, and what the driver sees between them."""
+
+    name = "blas-passes"
+    modes = ("client",)
+
+    def run(self, state, ctx):
+        first = ctx.map(_blas_in_task, ctx.data["X"])
+        between = _blas_threads()
+        second = ctx.map(_blas_in_task, ctx.data["X"])
+        if state == "fail":
+            ctx.map(_fails, ctx.data["X"], 1.0)
+        return {"tasks": first + second, "between": between}
+
+
+def test_tasks_side_by_side_call_blas_on_one_thread_until_the_loop_ends():
+    """N tasks each calling an N-threaded BLAS would put N^2 threads on N cores: while a loop's passes
+    run tasks side by side without a Client, BLAS runs one thread a call; the loop's end (or its error)
+    gives the libraries back their setting. A pass of one task keeps it."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    if not _blas_threads():
+        pytest.skip("no BLAS library loaded")
+    many = gdask.from_array(np.ones((40, 3)), block_rows=10).persist()
+    one = gdask.from_array(np.ones((10, 3)), block_rows=10).persist()
+    with threadpoolctl.threadpool_limits(2, user_api="blas"), dask.config.set(num_workers=2):
+        out = run_loop(_BlasPasses(), {"X": many}, None, client=None).state
+        assert out["tasks"] == [{1}] * 8 and out["between"] == {1}
+        assert _blas_threads() == {2}
+        with pytest.raises(ValueError, match="block with 1.0"):
+            run_loop(_BlasPasses(), {"X": many}, "fail", client=None)
+        assert _blas_threads() == {2}
+        alone = run_loop(_BlasPasses(), {"X": one}, None, client=None).state
+        assert alone["tasks"] == [{2}] * 2 and alone["between"] == {2}
+
+
+def test_one_blas_thread_is_held_until_its_last_holder_releases_it():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    if not _blas_threads():
+        pytest.skip("no BLAS library loaded")
+    from gdask.gdataset.engine._blas import OneBlasThread
+
+    limit = OneBlasThread()
+    with threadpoolctl.threadpool_limits(2, user_api="blas"):
+        limit.hold()
+        other = threading.Thread(target=limit.hold)  # a second fit's loop, in another thread
+        other.start()
+        other.join(timeout=30)
+        assert _blas_threads() == {1} and limit.active
+        limit.release()
+        assert _blas_threads() == {1}  # the other holder still runs
+        limit.release()
+        assert _blas_threads() == {2} and not limit.active
+        with pytest.raises(RuntimeError, match="without a hold"):
+            limit.release()
+        with limit:
+            assert _blas_threads() == {1}
+        assert _blas_threads() == {2}
