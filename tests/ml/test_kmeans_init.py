@@ -113,3 +113,46 @@ def test_a_state_of_other_candidates_is_not_used(blobs):
     finally:
         context().state.drop(token)
     assert total == pytest.approx(float(d2[:, :7].min(1).sum()), rel=1e-5)
+
+
+def _draw_frequencies(score, scale, trials):
+    counts = np.zeros(np.asarray(score).shape[0])
+    sizes = []
+    for seed in range(trials):
+        kept = _blocks._thinned_draws(score, scale, np.random.default_rng(seed))
+        assert np.all(np.diff(kept) > 0)  # sorted, each row once
+        counts[kept] += 1
+        sizes.append(kept.size)
+    return counts / trials, np.array(sizes)
+
+
+@pytest.mark.parametrize("case", ["thinned", "every-row", "clipped"])
+def test_oversampling_keeps_each_row_with_its_own_probability(case):
+    """k-means||'s draws: row i kept with probability min(1, scale * score[i]), whether the block
+    thins a sparser process (small probabilities) or draws a number per row (a large one)."""
+    rng = np.random.default_rng(11)
+    score = rng.uniform(0.2, 1.0, 300)
+    scale = 6.0 / score.sum()  # ~6 rows a draw, the largest probability ~0.03: thinned
+    if case == "every-row":
+        score[7] = 0.5 / scale  # probability 0.5: above THIN_MAX_SHARE
+    elif case == "clipped":
+        score[[3, 9]] = [2.5 / scale, 1.0 / scale]  # kept every time
+    score[100:110] = 0.0  # on a candidate: never kept
+    p = np.minimum(1.0, scale * score)
+    assert (p.max() > _blocks.THIN_MAX_SHARE) == (case != "thinned")
+    trials = 3000
+    freq, sizes = _draw_frequencies(score, scale, trials)
+    sigma = np.sqrt(p * (1 - p) / trials)
+    assert np.all(np.abs(freq - p) <= 5 * sigma + 1e-12)
+    assert np.all(freq[100:110] == 0) and np.all(freq[p == 1.0] == 1)
+    assert abs(sizes.mean() - p.sum()) < 5 * np.sqrt((p * (1 - p)).sum() / trials)
+
+
+def test_oversampling_draws_the_same_rows_on_a_strict_device():
+    xps = pytest.importorskip("array_api_strict")
+    score = np.random.default_rng(2).uniform(0.0, 1.0, 5000) ** 3
+    on_device = xps.asarray(score, device=xps.Device("device1"))
+    for seed, scale in [(0, 8.0 / score.sum()), (1, 0.9 / score.max())]:
+        np.testing.assert_array_equal(_blocks._thinned_draws(on_device, scale, np.random.default_rng(seed)),
+                                      _blocks._thinned_draws(score, scale, np.random.default_rng(seed)))
+    assert _blocks._thinned_draws(np.zeros(10), 1.0, np.random.default_rng(0)).size == 0

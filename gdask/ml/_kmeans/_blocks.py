@@ -82,16 +82,52 @@ def nearest_total(blk, cands, sizes, token, w=None):
 
 
 def sample_nearest(blk, cands, sizes, token, factor, phi, seeds, b, w=None):
-    """k-means|| oversampling: keep each row with probability ``factor * w d(x)^2 / phi``, ``d(x)``
-    the distance to its nearest candidate. The draws are made on the host, from the NumPy generator
-    seeded with ``seeds[b]`` (``b``: the block's index): the same rows on every backend, wherever the
-    block is."""
-    d2 = np.asarray(to_numpy(_nearest(blk, cands, sizes, token).mind), dtype=np.float64)
+    """k-means|| oversampling: keep each row independently with probability ``min(1, factor * w d(x)^2 /
+    phi)``, ``d(x)`` the distance to its nearest candidate, drawn from the NumPy generator seeded with
+    ``seeds[b]`` (``b``: the block's index) from values exact on every backend: the same rows on
+    every backend, wherever the block is.
+
+    The draws thin a sparser process (:func:`_thinned_draws`): rows are first drawn at the largest
+    probability of the block, then each kept with its own probability over that one. A round draws
+    about ``factor`` rows over all blocks, so only the largest ``w d(x)^2`` and those few rows'
+    values leave the device, not a value per row, and no random number is drawn per row."""
+    score = _nearest(blk, cands, sizes, token).mind
     if w is not None:
-        d2 = d2 * to_numpy(w)
-    rng = np.random.default_rng(seeds[b])
-    keep = np.nonzero(rng.random(d2.shape[0]) < factor * d2 / phi)[0]
+        score = score * asarray_like(w, score)
+    keep = _thinned_draws(score, float(factor) / float(phi), np.random.default_rng(seeds[b]))
     return to_numpy(take(blk, keep))
+
+
+#: above this share of a block's rows drawn at the largest probability, a block draws one number per row
+#: (the thinning would draw nearly all rows twice)
+THIN_MAX_SHARE = 0.125
+
+
+def _thinned_draws(score, scale: float, rng: np.random.Generator) -> np.ndarray:
+    """Sorted host indices of the rows kept, each independently with probability ``min(1, scale *
+    score[i])`` (``score`` float64 on any device, ``scale`` finite and positive).
+
+    With ``q = min(1, scale * max(score))``: ``Binomial(n, q)`` distinct rows drawn uniformly are the
+    rows of a Bernoulli(``q``) process, and keeping each with probability ``min(1, scale * score[i]) / q``
+    leaves each row with its own probability. Where ``q`` exceeds :data:`THIN_MAX_SHARE` every row gets
+    a number (the same law)."""
+    n = int(score.shape[0])
+    if n == 0:
+        return np.empty(0, np.int64)
+    xp = array_namespace(score)
+    top = float(to_numpy(xp.max(score)))
+    q = min(1.0, scale * top)
+    if not q > 0.0:  # every row sits on a candidate
+        return np.empty(0, np.int64)
+    if q > THIN_MAX_SHARE:
+        p = scale * np.asarray(to_numpy(score), dtype=np.float64)
+        return np.nonzero(rng.random(n) < p)[0]
+    m = int(rng.binomial(n, q))
+    idx = np.sort(rng.choice(n, size=m, replace=False, shuffle=False)).astype(np.int64)
+    if m == 0:
+        return idx
+    p = scale * np.asarray(to_numpy(take(score, idx)), dtype=np.float64)
+    return idx[rng.random(m) * q < p]
 
 
 def nearest_counts(blk, cands, sizes, token, w=None):

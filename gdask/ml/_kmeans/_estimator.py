@@ -4,14 +4,23 @@ from __future__ import annotations
 
 import logging
 import numbers
-from typing import Any
+from typing import Any, Callable
 
 import dask
 import numpy as np
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin
 
+from gdask import config
 from gdask.devices import numpy_dtype, to_numpy
-from gdask.gdataset import GDataSet, Progress, device_call, from_array, persisted_futures, run_loop
+from gdask.gdataset import (
+    GDataSet,
+    Progress,
+    default_client_or_none,
+    device_call,
+    from_array,
+    persisted_futures,
+    run_loop,
+)
 from gdask.ml import kernels
 from gdask.ml._base import (
     DeviceEstimatorMixin,
@@ -277,15 +286,7 @@ class KMeans(DeviceEstimatorMixin, ClassNamePrefixFeaturesOutMixin, ClusterMixin
         W = None if w is None else from_array(w, block_rows=G.row_blocks).persist()
         rng = np.random.default_rng(self.random_state if not isinstance(self.random_state, np.random.RandomState)
                                     else self.random_state.randint(2**31))
-        if self.tol > 0:  # tol is relative to the mean variance (as scikit-learn); 0 needs no pass
-            variances = to_numpy(G.var(axis=0).compute())
-            if not inp.kind.host and not np.isfinite(variances).all():  # NaN/inf make it non-finite
-                check_finite(G)
-            tol = float(np.mean(variances)) * self.tol
-        else:
-            tol = 0.0
-            if not inp.kind.host and isinstance(self.init, str):  # the init reads the data: check first
-                check_finite(G)
+        tolerance = self._tolerance(G, inp)
         lazy = inp.kind.lazy
         # equal weights draw the init from the same distribution as none: draw it the same way (same seed,
         # same centers: unit weights fit as no weights, as scikit-learn)
@@ -295,7 +296,7 @@ class KMeans(DeviceEstimatorMixin, ClassNamePrefixFeaturesOutMixin, ClusterMixin
             centers = self._init_centers(G, rng, *init_weights, original=X)
             bounds = (self.n_clusters > 1 and G.nnz is None  # CSR blocks: Lloyd's passes
                       and (self.algorithm == "elkan" or (self.algorithm == "auto" and d >= 8)))
-            state = LoopState(centers, bounds, tol, np.dtype(G.dtype), n)
+            state = LoopState(centers, bounds, tolerance(), np.dtype(G.dtype), n)
             algo = KMeansLoop(self.max_iter, weighted=W is not None, labels=not lazy)
             progress = Progress(self.verbose, self.callback, total=self.max_iter, desc="KMeans")
             try:
@@ -316,6 +317,38 @@ class KMeans(DeviceEstimatorMixin, ClassNamePrefixFeaturesOutMixin, ClusterMixin
         if labels is not None:
             _warn_distinct(np.asarray(to_numpy(labels)), self.n_clusters)
         return self
+
+    def _tolerance(self, G: GDataSet, inp: Input) -> Callable[[], float]:
+        """The absolute tolerance, ``tol`` times the mean feature variance (as scikit-learn), as a
+        function that returns it. Data not from the host is checked for NaN/inf here, before the init
+        reads it. Host data (already checked) with a Client: the variance's graph starts now and is
+        read when the first Lloyd loop starts, so its round trips overlap the init's."""
+        if self.tol <= 0:  # 0 needs no pass
+            if not inp.kind.host and isinstance(self.init, str):  # the init reads the data: check first
+                check_finite(G)
+            return lambda: 0.0
+        client = default_client_or_none() if inp.kind.host else None
+        if client is None:
+            variances = to_numpy(G.var(axis=0).compute())
+            if not inp.kind.host and not np.isfinite(variances).all():  # NaN/inf make it non-finite
+                check_finite(G)
+            tol = float(np.mean(variances)) * self.tol
+            return lambda: tol
+        pending = client.compute(G.var(axis=0))
+        limit = float(config.get("timeouts.pass", 3600))
+        found: list[float] = []
+
+        def tolerance() -> float:
+            if not found:
+                try:
+                    variances = pending.result(timeout=limit)
+                except TimeoutError:
+                    raise TimeoutError(f"KMeans: the data's variance (for tol) was not computed within {limit:g} s "
+                                       "(gdask.timeouts.pass)") from None
+                found.append(float(np.mean(to_numpy(variances))) * self.tol)
+            return found[0]
+
+        return tolerance
 
     @staticmethod
     def _raise_not_finite(G: GDataSet) -> None:

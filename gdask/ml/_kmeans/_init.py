@@ -128,13 +128,15 @@ def initial_centers(est: Any, X: GDataSet, rng: np.random.Generator, w: np.ndarr
 class ParallelState:
     """k-means|| between rounds: the groups of candidates so far (the first row, then each round's
     draws), the generator the draws come from, the rounds done, and the fit's token (the key of the
-    blocks' nearest-candidate state on the workers)."""
+    blocks' nearest-candidate state on the workers). Before the loop, ``first`` names the row the
+    client drew as the first candidate (block, index in it): the loop takes it where its block is."""
 
     groups: list
     rng: np.random.Generator
     rounds: int = 0
     done: bool = False  # every row sits on a candidate: no more draws
     token: str = ""
+    first: tuple[int, np.ndarray] | None = None  # (block, [row in it]) of the first candidate, before it is taken
 
     def copy(self) -> ParallelState:
         return replace(self, groups=list(self.groups), rng=copy.deepcopy(self.rng))
@@ -154,7 +156,8 @@ class ParallelInit(IterativeAlgorithm):
     ``factor * w d(x)^2 / cost``. With a Client and data on the devices the rounds run in one task per
     worker (no round trip per round); each block keeps its nearest candidate between rounds
     (:func:`gdask.ml._kmeans._blocks.nearest_total`), so a round computes the distances to the last
-    round's draws only. The final pass weighs each candidate by the rows nearest to it."""
+    round's draws only. The first candidate is taken from its block in the loop too (a map over that
+    block, not a graph of its own). The final pass weighs each candidate by the rows nearest to it."""
 
     name = "kmeans-init"
 
@@ -170,6 +173,9 @@ class ParallelInit(IterativeAlgorithm):
         st = state.copy()
         st.token = ctx.token
         X = ctx.data["X"]
+        if not st.groups:  # the first candidate, drawn by the client: taken where its block is
+            block, local = st.first
+            st.groups.append(np.concatenate(ctx.map(take_rows, X, local, blocks=[block], name="kmeans-first")))
         while st.rounds < self.rounds and not st.done:
             cands, sizes = st.candidates()
             phi = sum_parts(ctx.map(nearest_total, X, cands, sizes, st.token, *self._wargs(), name="kmeans-phi"))
@@ -196,7 +202,9 @@ def _kmeans_parallel(est: Any, X: GDataSet, rng: np.random.Generator, p: np.ndar
     """k-means|| (:class:`ParallelInit`), then weighted k-means++ on the candidates; too few
     candidates (rows on few distinct points) are completed with random rows."""
     n, k = X.shape[0], est.n_clusters
-    state = ParallelState([rows(X, rng.choice(n, size=1, p=p))], rng)
+    first = int(rng.choice(n, size=1, p=p)[0])
+    block = int(np.searchsorted(np.asarray(X.block_offsets), first, side="right")) - 1
+    state = ParallelState([], rng, first=(block, np.array([first - X.block_offsets[block]], dtype=np.int64)))
     algo = ParallelInit(est.init_max_iter, est.oversampling_factor * k, weighted=W is not None)
     res = run_loop(algo, {"X": X, "W": W}, state, progress=Progress(0))
     cands, _ = res.state.candidates()
