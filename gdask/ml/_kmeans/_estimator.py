@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import numbers
 from typing import Any, Callable
@@ -334,22 +335,19 @@ class KMeans(DeviceEstimatorMixin, ClassNamePrefixFeaturesOutMixin, ClusterMixin
                 check_finite(G)
             tol = float(np.mean(variances)) * self.tol
             return lambda: tol
-        pending = [client.compute(G.var(axis=0))]
+        future = client.compute(G.var(axis=0))
         limit = float(config.get("timeouts.pass", 3600))
-        found: list[float] = []
 
+        @functools.cache  # read once (every init of n_init asks)
         def tolerance() -> float:
-            if not found:
-                future = pending.pop()
-                try:
-                    variances = future.result(timeout=limit)
-                except TimeoutError:
-                    raise TimeoutError(f"KMeans: the data's variance (for tol) was not computed within {limit:g} s "
-                                       "(gdask.timeouts.pass)") from None
-                finally:
-                    future.release()  # read once: the workers drop it now, not when the fit ends
-                found.append(float(np.mean(to_numpy(variances))) * self.tol)
-            return found[0]
+            try:
+                variances = future.result(timeout=limit)
+            except TimeoutError:
+                raise TimeoutError(f"KMeans: the data's variance (for tol) was not computed within {limit:g} s "
+                                   "(gdask.timeouts.pass)") from None
+            finally:
+                future.release()  # the workers drop it now, not when the fit ends
+            return float(np.mean(to_numpy(variances))) * self.tol
 
         return tolerance
 
